@@ -1,0 +1,441 @@
+"""``@traced`` and ``looptrace.span``: record a span per call, and nothing more.
+
+The hot path allocates one Span, reads a few module attributes, sets a ContextVar and hands the
+ended span to the sink. Everything that is slow (binding a signature, formatting a traceback,
+JSON) is done once per function at decoration time or later, in the pipeline.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar, overload
+
+from . import _clock, _state
+from ._context import CURRENT
+from ._errors import internal_error
+from ._semconv import GENERATOR_CLOSED_EARLY, GENERATOR_ITEMS
+from ._span import UNSET, CallSite, NonRecordingSpan, Span, SpanContext, SpanKind
+
+P = ParamSpec("P")
+R = TypeVar("R")
+F = TypeVar("F", bound=Callable[..., Any])
+
+_MASK64 = (1 << 64) - 1
+
+
+def start_span(
+    name: str,
+    attributes: dict[str, Any] | None = None,
+    parent: Span | None = None,
+    kind: int = 1,
+) -> Span:
+    """Create (but do not activate) a span under ``parent`` or the active span."""
+    if parent is None:
+        parent = CURRENT.get()
+    if parent is None or parent.is_remote:
+        if parent is None:
+            trace_id = _clock.new_trace_id()
+            parent_id = 0
+            state = ""
+        else:
+            trace_id = parent.trace_id
+            parent_id = parent.span_id
+            state = parent.trace_state
+        if parent is None and (trace_id & _MASK64) >= _state.sample_threshold:
+            return NonRecordingSpan(trace_id, _clock.new_span_id())
+        span = Span(name, trace_id, _clock.new_span_id(), parent_id, _clock.now_ns(), attributes, state, kind)
+        try:
+            _state.sink.on_start(span)
+        except Exception as exc:
+            internal_error("span.start", exc)
+    elif parent.is_recording:
+        span = Span(
+            name,
+            parent.trace_id,
+            _clock.new_span_id(),
+            parent.span_id,
+            _clock.now_ns(),
+            attributes,
+            parent.trace_state,
+            kind,
+        )
+    else:
+        # Unsampled or suppressed: children share the non-recording parent and cost nothing.
+        return parent
+    for hook in _state.start_hooks:
+        try:
+            hook(span)
+        except Exception as exc:
+            internal_error("span.start_hook", exc)
+    return span
+
+
+class span:  # noqa: N801 - used like a function: ``with looptrace.span("step") as s:``
+    """Trace a block: ``with looptrace.span("name") as s:`` or ``async with``.
+
+    ``parent`` may be a remote :class:`SpanContext` (from ``looptrace.extract``) or a span.
+    An exception leaving the block is recorded on the span and re-raised untouched.
+    """
+
+    __slots__ = ("_attributes", "_kind", "_name", "_parent", "_span", "_token")
+
+    def __init__(
+        self,
+        name: str,
+        attributes: Mapping[str, Any] | None = None,
+        *,
+        parent: Span | SpanContext | None = None,
+        kind: SpanKind | int = SpanKind.INTERNAL,
+    ) -> None:
+        self._name = name
+        self._attributes = dict(attributes) if attributes else None
+        self._parent = parent
+        self._kind = int(kind)
+        self._span: Span | None = None
+        self._token: Any = None
+
+    def __enter__(self) -> Span:
+        parent = self._parent
+        if isinstance(parent, SpanContext):
+            from ._context import _RemoteParent
+
+            if parent.sampled:
+                parent = _RemoteParent("", parent.trace_id, parent.span_id, 0, 0, None, parent.trace_state)
+            else:
+                parent = NonRecordingSpan(parent.trace_id, parent.span_id, parent.trace_state)
+        if _state.disabled:
+            s: Span = NonRecordingSpan()
+        else:
+            s = start_span(self._name, self._attributes, parent, self._kind)
+        self._span = s
+        self._token = CURRENT.set(s)
+        return s
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        s = self._span
+        if s is None:
+            return
+        try:
+            CURRENT.reset(self._token)
+        except ValueError:
+            # Entered in one context and left in another (a generator resumed elsewhere):
+            # the block is still over, so fall back to the span's parent.
+            CURRENT.set(None)
+        if exc is not None:
+            s.fail(exc)
+        s.end()
+
+    async def __aenter__(self) -> Span:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+
+def _binder(fn: Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[str, Any]], dict[str, Any]]:
+    """Map a call's arguments to parameter names, from a signature read once.
+
+    Arguments are recorded as passed (defaults are not filled in). The first parameter of a
+    method (``self``/``cls``) is left out.
+    """
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    skip = 0
+    if params and params[0].name in ("self", "cls") and "." in getattr(fn, "__qualname__", ""):
+        skip = 1
+        params = params[1:]
+    names = tuple(
+        p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    )
+    var_name = next((p.name for p in params if p.kind is p.VAR_POSITIONAL), "args")
+    n = len(names)
+
+    def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        if skip:
+            args = args[skip:]
+        bound = dict(zip(names, args))
+        if len(args) > n:
+            bound[var_name] = args[n:]
+        if kwargs:
+            bound.update(kwargs)
+        return bound
+
+    return bind
+
+
+@overload
+def traced(fn: F, /) -> F: ...
+
+
+@overload
+def traced(
+    *,
+    name: str | None = None,
+    attributes: Mapping[str, Any] | None = None,
+    capture_inputs: bool | None = None,
+    capture_output: bool | None = None,
+    process_inputs: Callable[[Any], Any] | None = None,
+    process_outputs: Callable[[Any], Any] | None = None,
+) -> Callable[[F], F]: ...
+
+
+def traced(
+    fn: Any = None,
+    /,
+    *,
+    name: str | None = None,
+    attributes: Mapping[str, Any] | None = None,
+    capture_inputs: bool | None = None,
+    capture_output: bool | None = None,
+    process_inputs: Callable[[Any], Any] | None = None,
+    process_outputs: Callable[[Any], Any] | None = None,
+) -> Any:
+    """Record a span for every call of a function, coroutine function, generator or async
+    generator (also methods, classmethods and staticmethods).
+
+    The span is named after the function's qualified name unless ``name`` is given; inputs are
+    the call's arguments and the output its return value (or the first items a generator
+    yields), unless turned off here or globally. ``process_inputs``/``process_outputs`` transform
+    those values at export time (for redaction); if they raise, the value is replaced by an
+    error marker, never sent raw.
+    """
+
+    def decorate(target: Any) -> Any:
+        if isinstance(target, (classmethod, staticmethod)):
+            return type(target)(decorate(target.__func__))
+        return _wrap(
+            target,
+            CallSite(
+                name or getattr(target, "__qualname__", None) or repr(target),
+                getattr(target, "__qualname__", ""),
+                getattr(target, "__module__", "") or "",
+                attributes,
+                capture_inputs,
+                capture_output,
+                process_inputs,
+                process_outputs,
+            ),
+        )
+
+    if fn is None:
+        return decorate
+    return decorate(fn)
+
+
+def _wrap(fn: Callable[..., Any], site: CallSite) -> Callable[..., Any]:
+    bind = _binder(fn)
+    want_inputs = site.capture_inputs
+    want_output = site.capture_output
+    name = site.name
+
+    def begin(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Span:
+        s = start_span(name)
+        if s.is_recording:
+            s.site = site
+            if want_inputs if want_inputs is not None else _state.capture_inputs:
+                try:
+                    s.inputs = bind(args, kwargs)
+                except Exception as exc:
+                    internal_error("capture.inputs", exc)
+        return s
+
+    def keep_output() -> bool:
+        return want_output if want_output is not None else _state.capture_outputs
+
+    if inspect.isasyncgenfunction(fn):
+        return _wrap_async_generator(fn, begin, keep_output)
+    if inspect.isgeneratorfunction(fn):
+        return _wrap_generator(fn, begin, keep_output)
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            if _state.disabled:
+                return await fn(*args, **kwargs)
+            s = begin(args, kwargs)
+            token = CURRENT.set(s)
+            try:
+                result = await fn(*args, **kwargs)
+            except BaseException as exc:
+                s.fail(exc)
+                raise
+            else:
+                if s.is_recording and keep_output():
+                    s.output = result
+                return result
+            finally:
+                CURRENT.reset(token)
+                s.end()
+
+        return async_wrapper
+
+    @functools.wraps(fn)
+    def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _state.disabled:
+            return fn(*args, **kwargs)
+        s = begin(args, kwargs)
+        token = CURRENT.set(s)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            s.fail(exc)
+            raise
+        else:
+            if s.is_recording and keep_output():
+                s.output = result
+            return result
+        finally:
+            CURRENT.reset(token)
+            s.end()
+
+    return sync_wrapper
+
+
+def _finish_items(s: Span, items: list[Any], count: int, keep: bool) -> None:
+    if s.is_recording:
+        if keep:
+            s.output = items
+        s.set_attribute(GENERATOR_ITEMS, count)
+
+
+def _wrap_generator(
+    fn: Callable[..., Generator[Any, Any, Any]],
+    begin: Callable[[tuple[Any, ...], dict[str, Any]], Span],
+    keep_output: Callable[[], bool],
+) -> Callable[..., Generator[Any, Any, Any]]:
+    @functools.wraps(fn)
+    def gen_wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+        if _state.disabled:
+            return (yield from fn(*args, **kwargs))
+        s = begin(args, kwargs)
+        keep = keep_output()
+        limit = _state.max_generator_items
+        items: list[Any] = []
+        count = 0
+        # The span is active only while the generator's own code runs, never between yields,
+        # so the caller's spans do not nest under it.
+        token = CURRENT.set(s)
+        try:
+            gen = fn(*args, **kwargs)
+        except BaseException as exc:
+            s.fail(exc)
+            s.end()
+            raise
+        finally:
+            CURRENT.reset(token)
+        send: Callable[[Any], Any] = gen.send
+        value: Any = None
+        try:
+            while True:
+                token = CURRENT.set(s)
+                try:
+                    item = send(value)
+                except StopIteration as stop:
+                    return stop.value
+                finally:
+                    CURRENT.reset(token)
+                count += 1
+                if keep and len(items) < limit:
+                    items.append(item)
+                try:
+                    value = yield item
+                    send = gen.send
+                except GeneratorExit:
+                    s.set_attribute(GENERATOR_CLOSED_EARLY, True)
+                    token = CURRENT.set(s)
+                    try:
+                        gen.close()
+                    finally:
+                        CURRENT.reset(token)
+                    raise
+                except BaseException as exc:
+                    send, value = gen.throw, exc
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            s.fail(exc)
+            raise
+        finally:
+            _finish_items(s, items, count, keep)
+            s.end()
+
+    return gen_wrapper
+
+
+def _wrap_async_generator(
+    fn: Callable[..., AsyncGenerator[Any, Any]],
+    begin: Callable[[tuple[Any, ...], dict[str, Any]], Span],
+    keep_output: Callable[[], bool],
+) -> Callable[..., AsyncGenerator[Any, Any]]:
+    @functools.wraps(fn)
+    async def agen_wrapper(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
+        if _state.disabled:
+            agen0 = fn(*args, **kwargs)
+            try:
+                async for item in agen0:
+                    yield item
+            finally:
+                await agen0.aclose()
+            return
+        s = begin(args, kwargs)
+        keep = keep_output()
+        limit = _state.max_generator_items
+        items: list[Any] = []
+        count = 0
+        token = CURRENT.set(s)
+        try:
+            agen = fn(*args, **kwargs)
+        finally:
+            CURRENT.reset(token)
+        send: Callable[[Any], Awaitable[Any]] = agen.asend
+        value: Any = None
+        try:
+            while True:
+                token = CURRENT.set(s)
+                try:
+                    item = await send(value)
+                except StopAsyncIteration:
+                    return
+                finally:
+                    CURRENT.reset(token)
+                count += 1
+                if keep and len(items) < limit:
+                    items.append(item)
+                try:
+                    value = yield item
+                    send = agen.asend
+                except GeneratorExit:
+                    s.set_attribute(GENERATOR_CLOSED_EARLY, True)
+                    token = CURRENT.set(s)
+                    try:
+                        await agen.aclose()
+                    finally:
+                        CURRENT.reset(token)
+                    raise
+                except BaseException as exc:
+                    send, value = agen.athrow, exc
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            s.fail(exc)
+            raise
+        finally:
+            _finish_items(s, items, count, keep)
+            s.end()
+
+    return agen_wrapper

@@ -1,0 +1,295 @@
+"""Configuration: one frozen, validated value object, and the one place that reads the environment.
+
+``Config.from_env()`` reads every ``LOOPTRACE_*`` variable (and the standard ``OTEL_*`` ones as
+fallbacks); ``docs/configuration.md`` lists them all. Code passes overrides to
+``looptrace.configure(...)``, which always wins over the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import urllib.parse
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from ._errors import ConfigurationError
+
+Encoding = Literal["protobuf", "json"]
+Compression = Literal["gzip", "zstd", "none"]
+
+DEFAULT_REDACT_KEYS: tuple[str, ...] = (
+    "api_key",
+    "apikey",
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "authorization",
+    "cookie",
+    "credential",
+    "private_key",
+    "session",
+)
+
+
+def default_store_path() -> Path:
+    """Where the local store lives when ``LOOPTRACE_STORE`` is not set."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "looptrace" / "traces.db"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Every looptrace setting. Build with ``Config.from_env(**overrides)``; never mutate."""
+
+    # -- identity --
+    service_name: str = "unknown_service"
+    resource_attributes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # -- capture --
+    disabled: bool = False
+    sample_rate: float = 1.0
+    capture_inputs: bool = True
+    capture_outputs: bool = True
+    max_generator_items: int = 100
+    # -- serialization --
+    max_value_bytes: int = 8 * 1024 * 1024
+    max_span_bytes: int = 16 * 1024 * 1024
+    max_depth: int = 32
+    redact: bool = True
+    redact_keys: tuple[str, ...] = DEFAULT_REDACT_KEYS
+    process_inputs: Callable[[Any], Any] | None = None
+    process_outputs: Callable[[Any], Any] | None = None
+    offload: bool = True
+    offload_threshold_bytes: int = 256 * 1024
+    # -- export --
+    endpoint: str | None = None
+    headers: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)
+    encoding: Encoding = "protobuf"
+    compression: Compression = "gzip"
+    export_timeout: float = 10.0
+    flush_interval: float = 0.2
+    max_batch_spans: int = 512
+    max_batch_bytes: int = 4 * 1024 * 1024
+    max_concurrent_requests: int = 4
+    max_buffer_spans: int = 200_000
+    max_buffer_bytes: int = 256 * 1024 * 1024
+    backpressure_bytes: int = 10 * 1000 * 1000
+    retry_budget: float = 60.0
+    shutdown_timeout: float = 5.0
+    send_in_progress: bool | None = None
+    in_progress_after: float = 5.0
+    # -- local store --
+    store_path: Path = dataclasses.field(default_factory=default_store_path)
+    store_max_age_days: float | None = 30.0
+    store_max_bytes: int | None = 1024 * 1024 * 1024
+    # -- lag monitor --
+    lag_monitor: bool = False
+    lag_interval: float = 0.01
+    lag_culprits: bool = False
+    lag_culprit_threshold: float = 0.1
+    lag_summary_interval: float = 10.0
+
+    def __post_init__(self) -> None:
+        _check(0.0 <= self.sample_rate <= 1.0, "sample_rate must be between 0 and 1")
+        for name in (
+            "max_generator_items",
+            "max_value_bytes",
+            "max_span_bytes",
+            "max_depth",
+            "max_batch_spans",
+            "max_batch_bytes",
+            "max_concurrent_requests",
+            "max_buffer_spans",
+            "max_buffer_bytes",
+            "backpressure_bytes",
+            "offload_threshold_bytes",
+        ):
+            _check(getattr(self, name) > 0, f"{name} must be positive")
+        for name in (
+            "export_timeout",
+            "flush_interval",
+            "shutdown_timeout",
+            "in_progress_after",
+            "lag_interval",
+            "lag_culprit_threshold",
+            "lag_summary_interval",
+        ):
+            _check(getattr(self, name) > 0, f"{name} must be a positive number of seconds")
+        _check(self.retry_budget >= 0, "retry_budget must not be negative")
+        _check(self.encoding in ("protobuf", "json"), "encoding must be 'protobuf' or 'json'")
+        _check(
+            self.compression in ("gzip", "zstd", "none"),
+            "compression must be 'gzip', 'zstd' or 'none'",
+        )
+        if self.endpoint is not None:
+            parsed = urllib.parse.urlsplit(self.endpoint)
+            _check(
+                parsed.scheme in ("http", "https") and bool(parsed.netloc),
+                f"endpoint must be an http(s) URL, got {self.endpoint!r}",
+            )
+
+    def __repr__(self) -> str:
+        # Headers carry API keys: show only their names.
+        fields = ", ".join(
+            f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self) if f.repr
+        )
+        return f"Config({fields}, headers=<{len(self.headers)} redacted>)"
+
+    @property
+    def traces_url(self) -> str | None:
+        """The full ``/v1/traces`` URL, or None when spans go to the local store."""
+        return self.endpoint
+
+    @property
+    def sends_in_progress(self) -> bool:
+        """Whether long-running roots are sent before they end (default: only to looptrace)."""
+        if self.send_in_progress is not None:
+            return self.send_in_progress
+        return self.endpoint is None
+
+    def replace(self, **changes: Any) -> Config:
+        """A copy with some settings changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, **overrides: Any
+    ) -> Config:
+        """Settings from ``LOOPTRACE_*`` (then ``OTEL_*``) variables, with ``overrides`` on top."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+
+        def get(*names: str) -> str | None:
+            for name in names:
+                raw = env.get(name)
+                if raw is not None and raw.strip() != "":
+                    return raw.strip()
+            return None
+
+        def put(field: str, conv: Callable[[str, str], Any], *names: str) -> None:
+            raw = get(*names)
+            if raw is not None:
+                values[field] = conv(names[0], raw)
+
+        put("service_name", _str, "LOOPTRACE_SERVICE_NAME", "OTEL_SERVICE_NAME")
+        put("resource_attributes", _pairs, "LOOPTRACE_RESOURCE_ATTRIBUTES", "OTEL_RESOURCE_ATTRIBUTES")
+        put("disabled", _bool, "LOOPTRACE_DISABLED", "OTEL_SDK_DISABLED")
+        put("sample_rate", _float, "LOOPTRACE_SAMPLE_RATE")
+        put("capture_inputs", _bool, "LOOPTRACE_CAPTURE_INPUTS")
+        put("capture_outputs", _bool, "LOOPTRACE_CAPTURE_OUTPUTS")
+        put("max_generator_items", _int, "LOOPTRACE_MAX_GENERATOR_ITEMS")
+        put("max_value_bytes", _int, "LOOPTRACE_MAX_VALUE_BYTES")
+        put("max_span_bytes", _int, "LOOPTRACE_MAX_SPAN_BYTES")
+        put("max_depth", _int, "LOOPTRACE_MAX_DEPTH")
+        put("redact", _bool, "LOOPTRACE_REDACT")
+        put("redact_keys", _keys, "LOOPTRACE_REDACT_KEYS")
+        put("offload", _bool, "LOOPTRACE_OFFLOAD")
+        put("offload_threshold_bytes", _int, "LOOPTRACE_OFFLOAD_THRESHOLD_BYTES")
+        traces_endpoint = get("LOOPTRACE_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        if traces_endpoint is not None:
+            values["endpoint"] = traces_endpoint
+        else:
+            base = get("OTEL_EXPORTER_OTLP_ENDPOINT")
+            if base is not None:
+                # The spec: a base endpoint gets the signal path appended.
+                values["endpoint"] = base.rstrip("/") + "/v1/traces"
+        put("headers", _pairs, "LOOPTRACE_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS")
+        put("encoding", _encoding, "LOOPTRACE_ENCODING", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+        put("compression", _compression, "LOOPTRACE_COMPRESSION", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "OTEL_EXPORTER_OTLP_COMPRESSION")
+        put("export_timeout", _float, "LOOPTRACE_EXPORT_TIMEOUT")
+        put("flush_interval", _float, "LOOPTRACE_FLUSH_INTERVAL")
+        put("max_batch_spans", _int, "LOOPTRACE_MAX_BATCH_SPANS")
+        put("max_batch_bytes", _int, "LOOPTRACE_MAX_BATCH_BYTES")
+        put("max_concurrent_requests", _int, "LOOPTRACE_MAX_CONCURRENT_REQUESTS")
+        put("max_buffer_spans", _int, "LOOPTRACE_MAX_BUFFER_SPANS")
+        put("max_buffer_bytes", _int, "LOOPTRACE_MAX_BUFFER_BYTES")
+        put("backpressure_bytes", _int, "LOOPTRACE_FLUSH_BACKPRESSURE_BYTES")
+        put("retry_budget", _float, "LOOPTRACE_RETRY_BUDGET")
+        put("shutdown_timeout", _float, "LOOPTRACE_SHUTDOWN_TIMEOUT")
+        put("send_in_progress", _bool, "LOOPTRACE_SEND_IN_PROGRESS")
+        put("in_progress_after", _float, "LOOPTRACE_IN_PROGRESS_AFTER")
+        put("store_path", _path, "LOOPTRACE_STORE")
+        put("store_max_age_days", _float, "LOOPTRACE_STORE_MAX_AGE_DAYS")
+        put("store_max_bytes", _int, "LOOPTRACE_STORE_MAX_BYTES")
+        put("lag_monitor", _bool, "LOOPTRACE_LAG_MONITOR")
+        put("lag_interval", _float, "LOOPTRACE_LAG_INTERVAL")
+        put("lag_culprits", _bool, "LOOPTRACE_LAG_CULPRITS")
+        put("lag_culprit_threshold", _float, "LOOPTRACE_LAG_CULPRIT_THRESHOLD")
+        put("lag_summary_interval", _float, "LOOPTRACE_LAG_SUMMARY_INTERVAL")
+        values.update(overrides)
+        try:
+            return cls(**values)
+        except TypeError as exc:
+            raise ConfigurationError(str(exc)) from None
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigurationError(message)
+
+
+def _str(name: str, raw: str) -> str:
+    return raw
+
+
+def _bool(name: str, raw: str) -> bool:
+    low = raw.lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(f"{name} must be true or false, got {raw!r}")
+
+
+def _int(name: str, raw: str) -> int:
+    try:
+        return int(raw.replace("_", ""))
+    except ValueError:
+        raise ConfigurationError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def _float(name: str, raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigurationError(f"{name} must be a number, got {raw!r}") from None
+
+
+def _path(name: str, raw: str) -> Path:
+    return Path(raw).expanduser()
+
+
+def _keys(name: str, raw: str) -> tuple[str, ...]:
+    return tuple(k.strip().lower() for k in raw.split(",") if k.strip())
+
+
+def _pairs(name: str, raw: str) -> dict[str, str]:
+    # W3C-baggage-like "k=v,k2=v2" with percent-encoding, as the OTLP exporter spec says.
+    out: dict[str, str] = {}
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            # Never echo the value: it may be an API key.
+            raise ConfigurationError(f"{name} must be comma-separated key=value pairs")
+        out[urllib.parse.unquote(key.strip())] = urllib.parse.unquote(value.strip())
+    return out
+
+
+def _encoding(name: str, raw: str) -> Encoding:
+    low = raw.lower()
+    if low in ("protobuf", "http/protobuf"):
+        return "protobuf"
+    if low in ("json", "http/json"):
+        return "json"
+    raise ConfigurationError(f"{name} must be protobuf or json (http/protobuf, http/json), got {raw!r}")
+
+
+def _compression(name: str, raw: str) -> Compression:
+    low = raw.lower()
+    if low in ("gzip", "zstd", "none"):
+        return low  # type: ignore[return-value]
+    raise ConfigurationError(f"{name} must be gzip, zstd or none, got {raw!r}")

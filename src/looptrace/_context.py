@@ -1,0 +1,125 @@
+"""The active span, carried in a ContextVar, and W3C trace-context propagation.
+
+Because the active span lives in a ContextVar, parenting follows ``await``, tasks created with
+``asyncio.create_task``/``gather``/``TaskGroup`` and ``asyncio.to_thread`` for free; plain threads
+and ``run_in_executor`` need :func:`bind_context`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import re
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from typing import ParamSpec, TypeVar
+
+from ._span import INVALID_SPAN, Span, SpanContext
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+CURRENT: contextvars.ContextVar[Span | None] = contextvars.ContextVar(
+    "looptrace_current_span", default=None
+)
+
+
+def current_span() -> Span:
+    """The span active in this context, or a non-recording span when there is none."""
+    span = CURRENT.get()
+    return INVALID_SPAN if span is None else span
+
+
+class _RemoteParent(Span):
+    """Stands for a span in another process; local spans parent to it, nobody ends it."""
+
+    __slots__ = ()
+    is_remote = True
+
+
+@contextlib.contextmanager
+def attach(context: SpanContext | None) -> Iterator[None]:
+    """Make a remote span context (from :func:`extract`) the parent of spans in this block."""
+    if context is None:
+        yield
+        return
+    if context.sampled:
+        parent: Span = _RemoteParent("", context.trace_id, context.span_id, 0, 0, None, context.trace_state)
+    else:
+        from ._span import NonRecordingSpan
+
+        parent = NonRecordingSpan(context.trace_id, context.span_id, context.trace_state)
+    token = CURRENT.set(parent)
+    try:
+        yield
+    finally:
+        CURRENT.reset(token)
+
+
+@contextlib.contextmanager
+def suppress_tracing() -> Iterator[None]:
+    """No span is recorded inside this block (the exporter runs under it, so it never traces
+    its own requests). Costs nothing extra on the hot path: the active span is simply a
+    non-recording one."""
+    token = CURRENT.set(INVALID_SPAN)
+    try:
+        yield
+    finally:
+        CURRENT.reset(token)
+
+
+def bind_context(fn: Callable[P, R]) -> Callable[P, R]:
+    """Wrap ``fn`` so it runs with the caller's active span, in any thread.
+
+    For ``loop.run_in_executor(None, bind_context(work))`` and ``threading.Thread(target=...)``;
+    ``asyncio.to_thread`` already does this. Each call runs in its own copy of the context, so
+    the wrapper may be called from several threads at once.
+    """
+    ctx = contextvars.copy_context()
+
+    @functools.wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        return ctx.copy().run(fn, *args, **kwargs)
+
+    return run
+
+
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
+
+
+def inject(carrier: MutableMapping[str, str] | None = None) -> MutableMapping[str, str]:
+    """Write ``traceparent`` (and ``tracestate``) for the active span into ``carrier``."""
+    out: MutableMapping[str, str] = {} if carrier is None else carrier
+    span = CURRENT.get()
+    if span is None or span.trace_id == 0:
+        return out
+    flags = "01" if span.is_recording else "00"
+    out["traceparent"] = f"00-{span.trace_id:032x}-{span.span_id:016x}-{flags}"
+    if span.trace_state:
+        out["tracestate"] = span.trace_state
+    return out
+
+
+def extract(carrier: Mapping[str, str]) -> SpanContext | None:
+    """Read a W3C ``traceparent``/``tracestate`` pair; None when absent or malformed."""
+    raw = None
+    state = ""
+    for key, value in carrier.items():
+        low = key.lower()
+        if low == "traceparent":
+            raw = value
+        elif low == "tracestate":
+            state = value
+    if raw is None:
+        return None
+    match = _TRACEPARENT.match(raw.strip().lower())
+    if match is None:
+        return None
+    version, trace_hex, span_hex, flags_hex, rest = match.groups()
+    # Version ff is forbidden; version 00 must have nothing after the flags.
+    if version == "ff" or (version == "00" and rest):
+        return None
+    trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
+    if trace_id == 0 or span_id == 0:
+        return None
+    return SpanContext(trace_id, span_id, bool(int(flags_hex, 16) & 1), state.strip(), True)

@@ -1,0 +1,82 @@
+"""Process-wide state that the hot path reads: the sink, the hooks, and the capture switches.
+
+Kept as plain module attributes so a capture reads each with one attribute lookup. Only
+``_pipeline.configure`` (and ``looptrace.testing``) write them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ._config import Config
+    from ._span import Span
+
+
+class Sink(Protocol):
+    """Where ended spans go. Both calls must be O(1), never block, and never raise."""
+
+    def on_start(self, span: Span) -> None:
+        """A root span started (called for roots only, so the pipeline can track long ones)."""
+
+    def on_end(self, span: Span) -> None:
+        """A span ended; from now on the sink owns it."""
+
+
+class NullSink:
+    """Drops everything: what capture uses while looptrace is disabled."""
+
+    def on_start(self, span: Span) -> None:
+        pass
+
+    def on_end(self, span: Span) -> None:
+        pass
+
+
+sink: Sink = NullSink()
+config: Config | None = None
+
+# Capture switches, derived from the config so the hot path tests a bool, not an object.
+disabled: bool = False
+capture_inputs: bool = True
+capture_outputs: bool = True
+max_generator_items: int = 100
+# Traces are sampled when the low 64 bits of the trace id fall below this (as OpenTelemetry's
+# TraceIdRatioBased does), so a whole trace is kept or dropped, everywhere, consistently.
+sample_threshold: int = 1 << 64
+
+# Called with every recording span at start / end (the lag monitor uses these). Tuples, so
+# iterating an empty one is all the hot path pays when nothing is installed.
+start_hooks: tuple[Callable[[Span], None], ...] = ()
+end_hooks: tuple[Callable[[Span], None], ...] = ()
+
+
+def add_hooks(
+    start: Callable[[Span], None] | None = None, end: Callable[[Span], None] | None = None
+) -> None:
+    global start_hooks, end_hooks
+    if start is not None and start not in start_hooks:
+        start_hooks = (*start_hooks, start)
+    if end is not None and end not in end_hooks:
+        end_hooks = (*end_hooks, end)
+
+
+def remove_hooks(
+    start: Callable[[Span], None] | None = None, end: Callable[[Span], None] | None = None
+) -> None:
+    global start_hooks, end_hooks
+    start_hooks = tuple(h for h in start_hooks if h != start)
+    end_hooks = tuple(h for h in end_hooks if h != end)
+
+
+def apply_config(cfg: Config) -> None:
+    """Copy the capture switches out of ``cfg`` (the pipeline installs the sink itself)."""
+    global config, disabled, capture_inputs, capture_outputs, max_generator_items
+    global sample_threshold
+    config = cfg
+    disabled = cfg.disabled
+    capture_inputs = cfg.capture_inputs
+    capture_outputs = cfg.capture_outputs
+    max_generator_items = cfg.max_generator_items
+    sample_threshold = int(cfg.sample_rate * (1 << 64))
