@@ -110,7 +110,7 @@ def capture_spans(*, deterministic: bool = False, **config: Any) -> Iterator[Spa
     sink = InMemorySink()
     capture = SpanCapture()
     base = saved_config if saved_config is not None else Config.from_env()
-    _state.apply_config(base.replace(disabled=False, **config) if config else base.replace(disabled=False))
+    _state.apply_config(base.replace(**{"disabled": False, **config}))
     _state.sink = sink
     ctx = deterministic_ids() if deterministic else contextlib.nullcontext()
     try:

@@ -1,0 +1,54 @@
+"""The project's whole workflow: ``nox -s tests lint typecheck bench docs``."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests", "lint", "typecheck"]
+nox.options.reuse_existing_virtualenvs = True
+
+PYTHON = "3.11"
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """The test suite (the README's test command runs this)."""
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "pytest", *(session.posargs or ["-q"]))
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check."""
+    session.install("ruff>=0.5")
+    session.run("ruff", "check", "src", "tests", "benchmarks", "noxfile.py")
+    session.run("ruff", "format", "--check", "src", "tests", "benchmarks", "noxfile.py")
+
+
+@nox.session(python=PYTHON)
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict over the package, plus the typing test file that pins decorator types."""
+    session.install("-e", ".[test]", "mypy>=1.10")
+    session.run("mypy", "src/looptrace")
+    session.run("mypy", "--strict", "tests/typing/api.py")
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """pytest-benchmark micro-benchmarks, then the scenario scripts (each prints its table)."""
+    session.install("-e", ".[test]")
+    session.run(
+        "python", "-m", "pytest", "benchmarks", "-q", "--benchmark-only",
+        "--benchmark-columns=min,median,mean,ops", "-p", "no:randomly",
+    )
+    import glob
+
+    for script in sorted(glob.glob("benchmarks/scenario_*.py")):
+        session.run("python", script)
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """Strict docs build: every page in docs/ must be reachable and every link must resolve."""
+    session.install("mkdocs>=1.5")
+    session.run("mkdocs", "build", "--strict", "--site-dir", "build/site")

@@ -1,0 +1,67 @@
+"""Read by mypy only (``nox -s typecheck``): pins that decorating keeps each function's type.
+
+A regression here (a decorator returning ``Callable[..., Any]``) shows as a mypy error, not at
+run time. Nothing in this file is executed by pytest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import assert_type
+
+import looptrace
+
+
+@looptrace.traced
+def plain(a: int, b: str = "x") -> float:
+    return float(a)
+
+
+@looptrace.traced(name="renamed", capture_inputs=False)
+async def coro(a: int) -> list[str]:
+    return [str(a)]
+
+
+@looptrace.traced
+def gen(n: int) -> Iterator[int]:
+    yield n
+
+
+@looptrace.traced
+async def agen(n: int) -> AsyncIterator[str]:
+    yield str(n)
+
+
+class Thing:
+    @looptrace.traced
+    def method(self, x: int) -> int:
+        return x
+
+    @looptrace.traced
+    @classmethod
+    def build(cls, x: int) -> Thing:
+        return cls()
+
+    @looptrace.traced
+    @staticmethod
+    def pure(x: int) -> bool:
+        return x > 0
+
+
+async def check() -> None:
+    assert_type(plain(1), float)
+    assert_type(plain(1, b="y"), float)
+    assert_type(await coro(1), list[str])
+    assert_type(gen(1), Iterator[int])
+    assert_type(agen(1), AsyncIterator[str])
+    assert_type(Thing().method(1), int)
+    assert_type(Thing.build(1), Thing)
+    assert_type(Thing.pure(1), bool)
+    with looptrace.span("block") as s:
+        assert_type(s, looptrace.Span)
+    async with looptrace.span("block") as s2:
+        assert_type(s2, looptrace.Span)
+    assert_type(looptrace.current_span(), looptrace.Span)
+    bound = looptrace.bind_context(plain)
+    assert_type(bound(1), float)
+    plain("wrong")  # type: ignore[arg-type]
