@@ -24,6 +24,7 @@ R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
 
 _MASK64 = (1 << 64) - 1
+_current_get = CURRENT.get
 
 
 def start_span(
@@ -34,24 +35,11 @@ def start_span(
 ) -> Span:
     """Create (but do not activate) a span under ``parent`` or the active span."""
     if parent is None:
-        parent = CURRENT.get()
-    if parent is None or parent.is_remote:
-        if parent is None:
-            trace_id = _clock.new_trace_id()
-            parent_id = 0
-            state = ""
-        else:
-            trace_id = parent.trace_id
-            parent_id = parent.span_id
-            state = parent.trace_state
-        if parent is None and (trace_id & _MASK64) >= _state.sample_threshold:
-            return NonRecordingSpan(trace_id, _clock.new_span_id())
-        span = Span(name, trace_id, _clock.new_span_id(), parent_id, _clock.now_ns(), attributes, state, kind)
-        try:
-            _state.sink.on_start(span)
-        except Exception as exc:
-            internal_error("span.start", exc)
-    elif parent.is_recording:
+        parent = _current_get()
+    if parent is not None and not parent.is_remote:
+        if not parent.is_recording:
+            # Unsampled or suppressed: children share the non-recording parent, at no cost.
+            return parent
         span = Span(
             name,
             parent.trace_id,
@@ -63,13 +51,32 @@ def start_span(
             kind,
         )
     else:
-        # Unsampled or suppressed: children share the non-recording parent and cost nothing.
-        return parent
-    for hook in _state.start_hooks:
+        if parent is None:
+            trace_id = _clock.new_trace_id()
+            if (trace_id & _MASK64) >= _state.sample_threshold:
+                return NonRecordingSpan(trace_id, _clock.new_span_id())
+            span = Span(name, trace_id, _clock.new_span_id(), 0, _clock.now_ns(), attributes, "", kind)
+        else:  # a remote parent: this is the local root of a distributed trace
+            span = Span(
+                name,
+                parent.trace_id,
+                _clock.new_span_id(),
+                parent.span_id,
+                _clock.now_ns(),
+                attributes,
+                parent.trace_state,
+                kind,
+            )
         try:
-            hook(span)
+            _state.sink.on_start(span)
         except Exception as exc:
-            internal_error("span.start_hook", exc)
+            internal_error("span.start", exc)
+    if _state.start_hooks:
+        for hook in _state.start_hooks:
+            try:
+                hook(span)
+            except Exception as exc:
+                internal_error("span.start_hook", exc)
     return span
 
 
@@ -242,6 +249,8 @@ def _wrap(fn: Callable[..., Any], site: CallSite) -> Callable[..., Any]:
     want_inputs = site.capture_inputs
     want_output = site.capture_output
     name = site.name
+    set_current = CURRENT.set
+    reset_current = CURRENT.reset
 
     def begin(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Span:
         s = start_span(name)
@@ -267,19 +276,24 @@ def _wrap(fn: Callable[..., Any], site: CallSite) -> Callable[..., Any]:
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
             if _state.disabled:
                 return await fn(*args, **kwargs)
-            s = begin(args, kwargs)
-            token = CURRENT.set(s)
+            s = start_span(name)
+            recording = s.is_recording
+            if recording:
+                s.site = site
+                if want_inputs if want_inputs is not None else _state.capture_inputs:
+                    s.inputs = bind(args, kwargs)
+            token = set_current(s)
             try:
                 result = await fn(*args, **kwargs)
             except BaseException as exc:
                 s.fail(exc)
                 raise
             else:
-                if s.is_recording and keep_output():
+                if recording and (want_output if want_output is not None else _state.capture_outputs):
                     s.output = result
                 return result
             finally:
-                CURRENT.reset(token)
+                reset_current(token)
                 s.end()
 
         return async_wrapper
@@ -288,19 +302,24 @@ def _wrap(fn: Callable[..., Any], site: CallSite) -> Callable[..., Any]:
     def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
         if _state.disabled:
             return fn(*args, **kwargs)
-        s = begin(args, kwargs)
-        token = CURRENT.set(s)
+        s = start_span(name)
+        recording = s.is_recording
+        if recording:
+            s.site = site
+            if want_inputs if want_inputs is not None else _state.capture_inputs:
+                s.inputs = bind(args, kwargs)
+        token = set_current(s)
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
             s.fail(exc)
             raise
         else:
-            if s.is_recording and keep_output():
+            if recording and (want_output if want_output is not None else _state.capture_outputs):
                 s.output = result
             return result
         finally:
-            CURRENT.reset(token)
+            reset_current(token)
             s.end()
 
     return sync_wrapper

@@ -308,8 +308,9 @@ class Span:
             return
         self.end_ns = _clock.now_ns() if end_ns is None else end_ns
         try:
-            for hook in _state.end_hooks:
-                hook(self)
+            if _state.end_hooks:
+                for hook in _state.end_hooks:
+                    hook(self)
             _state.sink.on_end(self)
         except Exception as exc:
             from ._errors import internal_error
