@@ -32,13 +32,22 @@ class WireEvent:
 
 
 class WireLink:
-    __slots__ = ("attributes", "span_id", "trace_id", "trace_state")
+    __slots__ = ("attributes", "is_remote", "span_id", "trace_id", "trace_state")
 
-    def __init__(self, trace_id: int, span_id: int, trace_state: str, attributes: Attributes) -> None:
+    def __init__(
+        self,
+        trace_id: int,
+        span_id: int,
+        trace_state: str,
+        attributes: Attributes,
+        is_remote: bool = False,
+    ) -> None:
         self.trace_id = trace_id
         self.span_id = span_id
         self.trace_state = trace_state
         self.attributes = attributes
+        # Goes into the OTLP link flags (SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK).
+        self.is_remote = is_remote
 
 
 class WireSpan:
@@ -52,6 +61,7 @@ class WireSpan:
         "kind",
         "links",
         "name",
+        "parent_is_remote",
         "parent_span_id",
         "span_id",
         "start_ns",
@@ -77,6 +87,7 @@ class WireSpan:
         status_message: str,
         trace_state: str = "",
         dropped_attributes: int = 0,
+        parent_is_remote: bool = False,
     ) -> None:
         self.trace_id = trace_id
         self.span_id = span_id
@@ -92,6 +103,8 @@ class WireSpan:
         self.status_message = status_message
         self.trace_state = trace_state
         self.dropped_attributes = dropped_attributes
+        # The parent came from another process (``looptrace.extract``): OTLP span flags say so.
+        self.parent_is_remote = parent_is_remote
 
 
 @dataclasses.dataclass
