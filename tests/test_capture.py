@@ -412,6 +412,7 @@ def test_traceparent_inject_extract_round_trip() -> None:
         with looptrace.attach(ctx):
             add(2)
     assert server.trace_id == client.trace_id and server.parent_span_id == client.span_id
+    assert server.parent_is_remote and not client.parent_is_remote
     adds = [s for s in spans if s.name == "add"]
     assert adds[0].parent_span_id == server.span_id
     assert adds[1].parent_span_id == client.span_id and adds[1].trace_id == client.trace_id

@@ -17,7 +17,7 @@ from . import _clock, _state
 from ._context import CURRENT
 from ._errors import internal_error
 from ._semconv import GENERATOR_CLOSED_EARLY, GENERATOR_ITEMS
-from ._span import UNSET, CallSite, NonRecordingSpan, Span, SpanContext, SpanKind
+from ._span import UNSET, CallSite, NonRecordingSpan, RemoteChildSpan, Span, SpanContext, SpanKind
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -57,7 +57,7 @@ def start_span(
                 return NonRecordingSpan(trace_id, _clock.new_span_id())
             span = Span(name, trace_id, _clock.new_span_id(), 0, _clock.now_ns(), attributes, "", kind)
         else:  # a remote parent: this is the local root of a distributed trace
-            span = Span(
+            span = RemoteChildSpan(
                 name,
                 parent.trace_id,
                 _clock.new_span_id(),

@@ -162,6 +162,9 @@ class Span:
 
     is_recording: bool = True
     is_remote: bool = False
+    # True only on the local root of a distributed trace (see RemoteChildSpan); a class
+    # attribute so ordinary spans pay nothing for it.
+    parent_is_remote: bool = False
     # The decorated function this span came from (None for ``looptrace.span``): its static
     # attributes, code location and hooks are applied at export instead of on every call.
     site: CallSite | None
@@ -316,6 +319,13 @@ class Span:
             from ._errors import internal_error
 
             internal_error("span.end", exc)
+
+
+class RemoteChildSpan(Span):
+    """A span whose parent lives in another process (its context came from ``extract``)."""
+
+    __slots__ = ()
+    parent_is_remote = True
 
 
 class NonRecordingSpan(Span):
