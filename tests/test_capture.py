@@ -520,3 +520,24 @@ def test_span_capture_tree_helper() -> None:
             pass
     assert isinstance(spans, SpanCapture)
     assert spans.tree() == [(0, "a"), (1, "b"), (2, "add"), (1, "c")]
+
+
+def test_inputs_are_snapshotted_against_later_appends() -> None:
+    """A list the caller mutates after the call is recorded as it was at call time (top level);
+    a large list is kept by reference (documented cost bound)."""
+
+    @looptrace.traced
+    def chat(messages: list[str], options: dict[str, int]) -> int:
+        return len(messages)
+
+    history = ["hi"]
+    opts = {"n": 1}
+    big = list(range(1000))
+    with capture_spans() as spans:
+        chat(history, opts)
+        history.append("reply")
+        opts["n"] = 2
+        chat(big, {})
+        big.append(-1)
+    assert spans[0].inputs == {"messages": ["hi"], "options": {"n": 1}}
+    assert spans[1].inputs["messages"] is big

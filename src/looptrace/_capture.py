@@ -180,6 +180,14 @@ def _binder(fn: Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[str, Any]
             bound[var_name] = args[n:]
         if kwargs:
             bound.update(kwargs)
+        # Snapshot: serialization happens later, so a caller that appends to the list it passed
+        # (a chat history, say) would otherwise change the record of this call. Copying small
+        # top-level containers makes the common case faithful for well under a microsecond;
+        # deeper mutation still shows (docs/serialization.md).
+        for key, value in bound.items():
+            cls = type(value)
+            if (cls is list or cls is dict or cls is set or cls is bytearray) and len(value) <= 256:
+                bound[key] = value.copy()
         return bound
 
     return bind

@@ -1,0 +1,342 @@
+"""Large payloads, side by side in one run: does tracing them stall the event loop?
+
+Part 1 (the threshold): how long the loop is blocked to serialize + encode one span inline,
+versus to hand it to the worker pool (prepare + pickle), as the payload grows, for
+string-heavy and structure-heavy payloads.
+
+Part 2 (the scenario): 100 calls of a traced coroutine, each carrying a 2.5 MB base64 string,
+then 100 carrying a ~165 KB structure-heavy dict, for looptrace with offload, looptrace
+inline-only, and the OpenTelemetry SDK (BatchSpanProcessor + OTLP/HTTP exporter) recording the
+same attributes. A ticker measures event-loop lag every millisecond; the producer's per-call
+time is measured around each ``await``. The OTLP sink runs in a separate process (decoding
+250 MB of protobuf in this one would steal the GIL and blur the numbers).
+
+    .venv/bin/python benchmarks/scenario_large_payloads.py [--calls 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import gzip
+import http.server
+import os
+import pickle
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from typing import Any
+
+import orjson
+
+TICK = 0.001
+
+
+# --------------------------------------------------------------------------- the sink process
+
+
+def sink_main() -> None:
+    """A minimal OTLP/HTTP receiver: decodes every request, counts spans, GET /count."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    count = [0]
+    lock = threading.Lock()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            if self.headers.get("Content-Encoding") == "gzip":
+                body = gzip.decompress(body)
+            req = ExportTraceServiceRequest()
+            req.ParseFromString(body)
+            n = sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+            with lock:
+                count[0] += n
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_GET(self) -> None:
+            with lock:
+                payload = str(count[0]).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    print(server.server_address[1], flush=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    sys.stdin.read()  # until the parent closes our stdin
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--sink"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.port = int(self.proc.stdout.readline())
+        self.url = f"http://127.0.0.1:{self.port}/v1/traces"
+
+    def count(self) -> int:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/count") as r:
+            return int(r.read())
+
+    def wait_for(self, n: int, timeout: float = 120.0) -> int:
+        deadline = time.monotonic() + timeout
+        got = self.count()
+        while got < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+            got = self.count()
+        return got
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=10)
+
+
+# --------------------------------------------------------------------------- payloads
+
+
+def string_payload(size: int) -> dict[str, Any]:
+    raw = random.Random(1).randbytes(size * 3 // 4)
+    return {"image": base64.b64encode(raw).decode(), "prompt": "describe this image"}
+
+
+def structure_payload(size: int) -> dict[str, Any]:
+    rng = random.Random(2)
+    rows = []
+    total = 0
+    while total < size:
+        row = {
+            "id": len(rows),
+            "name": f"item-{len(rows)}",
+            "score": rng.random(),
+            "tags": ["a", "b", "c"],
+            "meta": {"created": "2024-01-01T00:00:00Z", "ok": True, "rank": rng.randint(0, 99)},
+        }
+        rows.append(row)
+        total += len(orjson.dumps(row))
+    return {"rows": rows, "model": "m"}
+
+
+# --------------------------------------------------------------------------- part 1
+
+
+def threshold_table() -> None:
+    from looptrace import _otlp, _serialize
+    from looptrace._config import Config
+    from looptrace._offload import Offloader
+    from looptrace._span import Span
+
+    cfg = Config()
+    off = Offloader(workers=1)
+
+    def span_with(payload: Any) -> Span:
+        s = Span("s", 1, 2, 0, 1)
+        s.end_ns = 2
+        s.inputs = payload
+        return s
+
+    def best(fn: Any, n: int) -> float:
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return min(times) * 1e3
+
+    async def pool_wall(span: Span, n: int) -> float:
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            await off.encode(span, cfg, "protobuf")
+            times.append(time.perf_counter() - t0)
+        return min(times) * 1e3
+
+    print("\nPart 1: loop time per span, inline vs handing to the pool (best of N, ms)")
+    print(f"{'payload':<11}{'JSON bytes':>12}{'inline':>10}{'pool: loop':>12}{'pool: wall':>12}")
+    for kind, make in (("string", string_payload), ("structure", structure_payload)):
+        for size in (16_000, 64_000, 256_000, 1_000_000, 2_500_000):
+            span = span_with(make(size))
+            n = 20 if size < 1_000_000 else 8
+            inline = best(
+                lambda span=span: _otlp.encode_span(_serialize.to_wire(span, cfg), "protobuf"), n
+            )
+
+            def handoff(span: Span = span) -> None:
+                prepared = _serialize.prepare(span, cfg)
+                pickle.dumps((*prepared, "protobuf"), protocol=5)
+
+            loop_ms = best(handoff, n)
+            wall = asyncio.run(pool_wall(span, n))
+            jbytes = len(_serialize.to_json(span.inputs, cfg))
+            print(f"{kind:<11}{jbytes:>12,}{inline:>10.2f}{loop_ms:>12.2f}{wall:>12.2f}")
+    off.shutdown(wait=True)
+
+
+# --------------------------------------------------------------------------- part 2
+
+
+async def ticker(stop: asyncio.Event, lags: list[float]) -> None:
+    last = time.perf_counter()
+    while not stop.is_set():
+        await asyncio.sleep(TICK)
+        now = time.perf_counter()
+        lags.append(max(now - last - TICK, 0.0))
+        last = now
+
+
+async def drive(
+    call: Any, payload: Any, calls: int, finish: Any
+) -> tuple[list[float], list[float]]:
+    lags: list[float] = []
+    per_call: list[float] = []
+    stop = asyncio.Event()
+    tick = asyncio.create_task(ticker(stop, lags))
+    await asyncio.sleep(0.05)
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        await call(payload)
+        per_call.append(time.perf_counter() - t0)
+        await asyncio.sleep(0.01)  # the application doing other things between requests
+    await finish()
+    stop.set()
+    await tick
+    return lags, per_call
+
+
+def looptrace_run(
+    url: str, payload: Any, calls: int, offload: bool
+) -> tuple[list[float], list[float]]:
+    import looptrace
+
+    looptrace.configure(endpoint=url, offload=offload, service_name="bench")
+
+    @looptrace.traced
+    async def handle(request: Any) -> str:
+        return "ok"
+
+    async def finish() -> None:
+        await looptrace.flush(timeout=120)
+
+    async def main() -> tuple[list[float], list[float]]:
+        result = await drive(handle, payload, calls, finish)
+        await looptrace.shutdown(timeout=30)
+        return result
+
+    return asyncio.run(main())
+
+
+def baseline_run(payload: Any, calls: int) -> tuple[list[float], list[float]]:
+    """No tracing at all: the lag the machine itself causes (other processes, the sink)."""
+
+    async def handle(request: Any) -> str:
+        return "ok"
+
+    async def finish() -> None:
+        await asyncio.sleep(0.2)
+
+    return asyncio.run(drive(handle, payload, calls, finish))
+
+
+def otel_run(url: str, payload: Any, calls: int) -> tuple[list[float], list[float]]:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url)))
+    tracer = provider.get_tracer("bench")
+
+    async def handle(request: Any) -> str:
+        # OpenTelemetry attributes must be primitives: the caller serializes (with orjson,
+        # the fastest choice such a user has).
+        with tracer.start_as_current_span("handle") as span:
+            span.set_attribute("input.value", orjson.dumps({"request": request}).decode())
+            span.set_attribute("input.mime_type", "application/json")
+            span.set_attribute("output.value", '"ok"')
+            return "ok"
+
+    async def finish() -> None:
+        await asyncio.to_thread(provider.force_flush, 120_000)
+
+    try:
+        return asyncio.run(drive(handle, payload, calls, finish))
+    finally:
+        provider.shutdown()
+
+
+def summarize(
+    name: str, lags: list[float], per_call: list[float], delivered: int, calls: int
+) -> str:
+    stalls = [lag for lag in lags if lag > TICK]
+    per_call_us = sorted(x * 1e6 for x in per_call)
+    p95 = per_call_us[int(len(per_call_us) * 0.95) - 1]
+    return (
+        f"{name:<26}{max(lags) * 1e3:>9.1f}{sum(stalls) * 1e3:>11.1f}"
+        f"{statistics.median(lags) * 1e3:>9.2f}{p95:>11.1f}{delivered:>6}/{calls}"
+    )
+
+
+def scenario(calls: int) -> None:
+    sink = Sink()
+    try:
+        print(f"\nPart 2: {calls} traced calls per row, 1 ms ticker on the loop")
+        header = (
+            f"{'':<26}{'max ms':>9}{'total ms':>11}{'p50 ms':>9}{'p95 us':>11}{'delivered':>10}"
+        )
+        for label, payload in (
+            ("2.5 MB base64 string", string_payload(2_500_000)),
+            ("~165 KB structure-heavy", structure_payload(165_000)),
+        ):
+            print(f"\n{label}  (lag: max, total of ticks late by > 1 ms, median; producer p95)")
+            print(header)
+            for name, run in (
+                ("no tracing (baseline)", lambda p: baseline_run(p, calls)),
+                ("looptrace (offload)", lambda p: looptrace_run(sink.url, p, calls, True)),
+                ("looptrace (inline only)", lambda p: looptrace_run(sink.url, p, calls, False)),
+                ("OpenTelemetry SDK", lambda p: otel_run(sink.url, p, calls)),
+            ):
+                before = sink.count()
+                lags, per_call = run(payload)
+                expected = 0 if name.startswith("no tracing") else calls
+                delivered = sink.wait_for(before + expected, timeout=60) - before
+                print(summarize(name, lags, per_call, delivered, calls), flush=True)
+    finally:
+        sink.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sink", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--skip-threshold", action="store_true")
+    args = parser.parse_args()
+    if args.sink:
+        sink_main()
+        return
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
+    if not args.skip_threshold:
+        threshold_table()
+    scenario(args.calls)
+
+
+if __name__ == "__main__":
+    main()

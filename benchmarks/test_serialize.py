@@ -1,0 +1,58 @@
+"""Serializer micro-benchmarks (pytest-benchmark): the per-span costs the flusher pays."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from looptrace import _otlp, _serialize
+from looptrace._config import Config
+from looptrace._span import Span
+from scenario_large_payloads import string_payload, structure_payload
+
+CFG = Config()
+
+
+def span_with(inputs: Any, output: Any) -> Span:
+    span = Span("work", 1, 2, 0, 1_000)
+    span.end_ns = 2_000
+    span.inputs = inputs
+    span.output = output
+    return span
+
+
+def test_to_wire_small_span(benchmark: Any) -> None:
+    """A span with three short arguments and a short output: the common case."""
+    span = span_with({"a": 1, "b": "hello", "c": [1, 2, 3]}, {"r": 1})
+    benchmark(_serialize.to_wire, span, CFG)
+
+
+def test_to_json_small_value_with_secret_key(benchmark: Any) -> None:
+    """The careful path: a small dict holding a key that must be redacted."""
+    benchmark(_serialize.to_json, {"user": "a", "password": "p", "n": 1}, CFG)
+
+
+@pytest.mark.parametrize(
+    ("name", "make"),
+    [
+        ("string_2_5MB", lambda: string_payload(2_500_000)),
+        ("structure_165KB", lambda: structure_payload(165_000)),
+    ],
+)
+def test_to_wire_and_encode_large(benchmark: Any, name: str, make: Any) -> None:
+    """Inline serialization + protobuf encoding of the scenario payloads."""
+    span = span_with(make(), "ok")
+    benchmark(lambda: _otlp.encode_span(_serialize.to_wire(span, CFG), "protobuf"))
+
+
+def test_estimate_size(benchmark: Any) -> None:
+    """estimate_size runs on the capture path: it must stay well under a microsecond or two."""
+    span = span_with({"a": 1, "b": "x" * 2_500_000, "c": [1, 2, 3]}, "ok")
+    benchmark(_serialize.estimate_size, span)
+
+
+def test_needs_offload_structure(benchmark: Any) -> None:
+    """The bounded walk on a structure-heavy value stops at its node budget."""
+    span = span_with(structure_payload(165_000), "ok")
+    benchmark(_serialize.needs_offload, span, CFG)

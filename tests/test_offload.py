@@ -1,0 +1,243 @@
+"""The worker-process offload: identical bytes, every fallback, and unguarded scripts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from looptrace import _offload, _otlp, _serialize
+from looptrace._config import Config
+from looptrace._offload import Offloader
+from looptrace._span import Span
+
+CFG = Config()
+PARENT_PID = os.getpid()
+
+
+def big_span(payload: Any = None, span_id: int = 2) -> Span:
+    span = Span("big", 1, span_id, 0, 1_000)
+    span.end_ns = 2_000
+    span.inputs = {"image": "QUJD" * 100_000, "password": "p", "n": 3}
+    span.output = payload if payload is not None else {"ok": True, "tags": {"b", "a"}}
+    span.attributes = {"k": "v"}
+    return span
+
+
+def inline(span: Span, encoding: str = "protobuf") -> bytes:
+    return _otlp.encode_span(_serialize.to_wire(span, CFG), encoding)
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[Offloader]:
+    off = Offloader(workers=1)
+    yield off
+    off.shutdown(wait=True)
+
+
+class OnlyInParent:
+    """Pickles fine, but cannot be rebuilt in another process (like a class from __main__)."""
+
+    def __reduce__(self) -> Any:
+        return (_rebuild_only_in, (PARENT_PID,))
+
+
+def _rebuild_only_in(pid: int) -> OnlyInParent:
+    if os.getpid() != pid:
+        raise AttributeError("Can't get attribute 'OnlyInParent' on <module '__main__'>")
+    return OnlyInParent.__new__(OnlyInParent)
+
+
+@pytest.mark.parametrize("encoding", ["protobuf", "json"])
+async def test_pool_and_inline_give_identical_bytes(pool: Offloader, encoding: str) -> None:
+    """The pool path and the inline path produce the same encoded span, byte for byte."""
+    span = big_span()
+    before = pool.stats["offloaded"]
+    body = await pool.encode(span, CFG, encoding)
+    assert pool.stats["offloaded"] == before + 1
+    assert body == inline(span, encoding)
+
+
+async def test_worker_counts_reach_the_parent(pool: Offloader) -> None:
+    """Redactions done in the worker are added to the parent's serializer stats."""
+    _serialize.stats.clear()
+    await pool.encode(big_span(), CFG, "protobuf")
+    assert _serialize.stats["redactions"] == 1
+
+
+async def test_unpicklable_value_falls_back_inline(pool: Offloader) -> None:
+    """A payload that cannot be pickled is serialized inline, with the reason counted."""
+    lock = threading.Lock()
+    span = big_span({"lock": lock})
+    body = await pool.encode(span, CFG, "protobuf")
+    assert pool.stats["unpicklable"] == 1
+    assert body == inline(span)
+    assert pool.state == "running"
+
+
+async def test_value_the_worker_cannot_rebuild_falls_back_and_keeps_the_pool(
+    pool: Offloader,
+) -> None:
+    """A value that fails to unpickle in the worker falls back inline; the pool survives."""
+    span = big_span({"obj": OnlyInParent()})
+    pids = pool.worker_pids()
+    body = await pool.encode(span, CFG, "protobuf")
+    assert pool.stats["worker_error"] == 1
+    assert body == inline(span)
+    assert pool.state == "running"
+    assert pool.worker_pids() == pids
+
+
+async def test_hooks_run_once_in_the_parent(pool: Offloader) -> None:
+    """User hooks (which cannot travel to a worker) run in the parent, once per span."""
+    calls = []
+
+    def hook(value: Any) -> Any:
+        calls.append(os.getpid())
+        return {"hooked": True}
+
+    cfg = CFG.replace(process_outputs=hook)
+    span = big_span()
+    body = await pool.encode(span, cfg, "json")
+    assert calls == [os.getpid()]
+    assert b'{\\"hooked\\":true}' in body
+
+
+async def test_killed_worker_is_replaced_once_then_inline() -> None:
+    """A worker killed mid-life breaks the pool: that span goes inline, the pool is replaced
+    once; a second break retires the pool and later spans go inline."""
+    off = Offloader(workers=1)
+    try:
+        assert await off.encode(big_span(), CFG, "protobuf") == inline(big_span())
+        os.kill(off.worker_pids()[0], signal.SIGKILL)
+        body = await off.encode(big_span(span_id=3), CFG, "protobuf")
+        assert body == inline(big_span(span_id=3))
+        assert off.stats["broken_pool"] == 1
+        assert off.state == "broken"
+
+        assert await off.encode(big_span(span_id=4), CFG, "protobuf") == inline(big_span(span_id=4))
+        assert off.state == "running"
+        assert off.stats["offloaded"] == 2
+        os.kill(off.worker_pids()[0], signal.SIGKILL)
+        await off.encode(big_span(span_id=5), CFG, "protobuf")
+        assert off.state == "retired"
+        assert await off.encode(big_span(span_id=6), CFG, "protobuf") == inline(big_span(span_id=6))
+        assert off.stats["pool_retired"] == 1
+        assert off.stats["broken_pool"] == 2
+    finally:
+        off.shutdown(wait=True)
+
+
+async def test_no_subprocesses_means_inline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When no worker can start, every span is serialized inline, counted as unavailable."""
+
+    def cannot(workers: int) -> Any:
+        raise OSError("no processes here")
+
+    monkeypatch.setattr(_offload, "_new_pool", cannot)
+    off = Offloader()
+    assert await off.encode(big_span(), CFG, "protobuf") == inline(big_span())
+    assert await off.encode(big_span(), CFG, "protobuf") == inline(big_span())
+    assert off.state == "unavailable"
+    assert off.stats["unavailable"] == 2
+
+
+async def test_after_shutdown_spans_go_inline() -> None:
+    """After shutdown() the offloader still answers, inline."""
+    off = Offloader()
+    off.shutdown(wait=True)
+    assert await off.encode(big_span(), CFG, "json") == inline(big_span(), "json")
+    assert off.stats["shutdown"] == 1
+
+
+def test_start_method_is_not_fork() -> None:
+    """The pool never forks a threaded parent."""
+    assert _offload.start_method() == "spawn"
+
+
+def test_unguarded_script_runs_once(tmp_path: Path) -> None:
+    """A script without an ``if __name__ == "__main__"`` guard works with the offload and its
+    top-level code runs exactly once (the worker does not re-import __main__)."""
+    marker = tmp_path / "runs.txt"
+    script = tmp_path / "user_script.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import asyncio, os
+            from looptrace._config import Config
+            from looptrace._offload import Offloader
+            from looptrace._span import Span
+
+            with open({str(marker)!r}, "a") as f:
+                f.write(f"{{os.getpid()}}\\n")
+
+            class Local:
+                pass
+
+            span = Span("s", 1, 2, 0, 1)
+            span.end_ns = 2
+            span.inputs = {{"big": "x" * 300_000}}
+            span.output = {{"mine": Local()}}
+
+            async def main():
+                off = Offloader()
+                body = await off.encode(span, Config(), "protobuf")
+                off.shutdown(wait=True)
+                print(dict(off.stats), len(body))
+
+            asyncio.run(main())
+            """
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPTRACE_")}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(marker.read_text().split()) == 1
+    # ``Local`` lives in the script's __main__, which the worker never imports: the span
+    # still goes through (inline), and nothing ran twice.
+    assert "'worker_error': 1" in done.stdout
+
+
+def test_unguarded_script_offloads_plain_values(tmp_path: Path) -> None:
+    """The same kind of unguarded script, with only plain values, is served by the pool."""
+    script = tmp_path / "plain.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import asyncio
+            from looptrace._config import Config
+            from looptrace._offload import Offloader
+            from looptrace._span import Span
+
+            print("top-level")
+            span = Span("s", 1, 2, 0, 1)
+            span.end_ns = 2
+            span.inputs = {"big": "x" * 300_000}
+
+            async def main():
+                off = Offloader()
+                await off.encode(span, Config(), "protobuf")
+                off.shutdown(wait=True)
+                print(dict(off.stats))
+
+            asyncio.run(main())
+            """
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPTRACE_")}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("top-level") == 1
+    assert "{'offloaded': 1}" in done.stdout

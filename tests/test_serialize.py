@@ -1,0 +1,670 @@
+"""Serialization: every type, hostile values, caps, redaction, hooks, and the span record."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime
+import decimal
+import enum
+import ipaddress
+import json
+import math
+import uuid
+from collections import OrderedDict, deque
+from pathlib import Path, PurePosixPath
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+import attrs
+import numpy as np
+import orjson
+import pydantic
+import pydantic.v1
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import looptrace
+from looptrace import _serialize
+from looptrace._config import Config
+from looptrace._semconv import (
+    CODE_FUNCTION,
+    CODE_NAMESPACE,
+    EXCEPTION_MESSAGE,
+    EXCEPTION_STACKTRACE,
+    EXCEPTION_TYPE,
+    IN_PROGRESS,
+    INPUT_MIME_TYPE,
+    INPUT_VALUE,
+    OUTPUT_VALUE,
+)
+from looptrace._serialize import REDACTED, estimate_size, needs_offload, to_json, to_wire
+from looptrace._span import Span, SpanContext
+from looptrace.testing import capture_spans
+
+CFG = Config()
+
+
+def js(value: Any, cfg: Config = CFG) -> Any:
+    """Serialize and parse back (also proves the text is valid JSON)."""
+    return json.loads(to_json(value, cfg))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_stats() -> None:
+    _serialize.stats.clear()
+
+
+# ----------------------------------------------------------------------------- types
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+    y: list[int]
+    _private: int = 0
+
+
+class Model(pydantic.BaseModel):
+    name: str
+    when: datetime.date
+    tags: set[str] = set()
+
+
+class Weird:
+    def __repr__(self) -> str:
+        return "Weird()"
+
+
+class LooseModel(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
+    thing: Weird
+
+
+class OldModel(pydantic.v1.BaseModel):
+    a: int
+    b: str
+
+
+@attrs.define
+class AttrsThing:
+    a: int
+    b: str
+
+
+class Pair(NamedTuple):
+    left: int
+    right: str
+
+
+class Color(enum.Enum):
+    RED = "red"
+
+
+class Level(enum.IntEnum):
+    HIGH = 3
+
+
+def test_dataclass_fields_as_object() -> None:
+    """A dataclass is an object of its public fields (orjson's rule: _private is left out)."""
+    assert js(Point(1, [2])) == {"x": 1, "y": [2]}
+
+
+def test_pydantic_v2_uses_the_compiled_serializer() -> None:
+    """A pydantic v2 model is its JSON-mode dump (dates as ISO text, sets as lists)."""
+    assert js(Model(name="a", when=datetime.date(2024, 1, 2), tags={"t"})) == {
+        "name": "a",
+        "when": "2024-01-02",
+        "tags": ["t"],
+    }
+
+
+def test_pydantic_v2_with_arbitrary_field_falls_back_to_our_hook() -> None:
+    """A field pydantic cannot write as JSON is still serialized, by our own rules."""
+    assert js(LooseModel(thing=Weird())) == {"thing": "Weird()"}
+
+
+def test_pydantic_v1_model() -> None:
+    """A pydantic v1 model (pydantic.v1) is its .dict()."""
+    assert js(OldModel(a=1, b="x")) == {"a": 1, "b": "x"}
+
+
+def test_attrs_class() -> None:
+    """An attrs instance is an object of its attributes."""
+    assert js(AttrsThing(1, "x")) == {"a": 1, "b": "x"}
+
+
+def test_namedtuple_keeps_field_names() -> None:
+    """A NamedTuple is an object keyed by its field names."""
+    assert js(Pair(1, "r")) == {"left": 1, "right": "r"}
+    assert js([Pair(1, "r")]) == [{"left": 1, "right": "r"}]
+
+
+def test_enums_are_their_values() -> None:
+    """Enum members serialize as their values."""
+    assert js([Color.RED, Level.HIGH]) == ["red", 3]
+
+
+def test_numpy_arrays_and_scalars() -> None:
+    """Arrays become nested lists (also non-contiguous and complex ones); scalars their value."""
+    arr = np.arange(6, dtype=np.int64).reshape(2, 3)
+    assert js(arr) == [[0, 1, 2], [3, 4, 5]]
+    assert js(arr[:, 0]) == [0, 3]
+    assert js(np.array([1 + 2j])) == ["(1+2j)"]
+    assert js([np.int64(4), np.float32(0.5), np.bool_(True)]) == [4, 0.5, True]
+
+
+def test_numpy_array_over_the_value_cap_is_described() -> None:
+    """An array bigger than max_value_bytes is described (shape, dtype, size), not dumped."""
+    cfg = CFG.replace(max_value_bytes=1000)
+    out = js(np.zeros(1000), cfg)
+    assert "truncated" in out
+    assert "8000 bytes" in out
+
+
+def test_time_types() -> None:
+    """datetime/date/time are ISO 8601 text; timedelta is seconds."""
+    assert js(
+        [
+            datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc),
+            datetime.date(2024, 1, 2),
+            datetime.time(3, 4),
+            datetime.timedelta(minutes=1, milliseconds=500),
+        ]
+    ) == ["2024-01-02T03:04:05+00:00", "2024-01-02", "03:04:00", 60.5]
+
+
+def test_text_like_scalars() -> None:
+    """UUID, Decimal (exact digits), paths and IP addresses are their text."""
+    u = uuid.UUID(int=5)
+    values = [
+        u,
+        decimal.Decimal("1.10000000000000000001"),
+        Path("/tmp/x"),
+        PurePosixPath("a/b"),
+        ipaddress.ip_address("10.0.0.1"),
+        ipaddress.ip_address("::1"),
+        ipaddress.ip_network("10.0.0.0/8"),
+    ]
+    assert js(values) == [
+        str(u),
+        "1.10000000000000000001",
+        "/tmp/x",
+        "a/b",
+        "10.0.0.1",
+        "::1",
+        "10.0.0.0/8",
+    ]
+
+
+def test_bytes_like_are_base64() -> None:
+    """bytes, bytearray and memoryview become base64 text."""
+    data = b"\x00\xffhello"
+    expected = base64.b64encode(data).decode()
+    assert js([data, bytearray(data), memoryview(data)]) == [expected] * 3
+
+
+def test_bytes_over_the_cap_are_cut_and_keep_their_size() -> None:
+    """Bytes longer than the cap keep a base64 prefix and say how long they were."""
+    cfg = CFG.replace(max_value_bytes=400)
+    out = js(b"a" * 5000, cfg)
+    assert out.endswith("...<truncated: 5000 bytes>")
+    assert len(to_json(b"a" * 5000, cfg)) <= 400
+    assert _serialize.stats["truncations"] >= 1
+
+
+def test_sets_are_sorted_lists() -> None:
+    """Sets and frozensets become lists, sorted when their items allow it."""
+    assert js({"b", "a", "c"}) == ["a", "b", "c"]
+    assert js(frozenset({3, 1})) == [1, 3]
+    assert sorted(js({1, "a"}), key=str) == [1, "a"]
+
+
+def test_exceptions_are_type_and_message() -> None:
+    """An exception is its (qualified) type and message."""
+    assert js(ValueError("bad")) == {"type": "ValueError", "message": "bad"}
+    assert js(json.JSONDecodeError("m", "d", 0))["type"] == "json.decoder.JSONDecodeError"
+
+
+def test_non_string_keys() -> None:
+    """Keys that are not strings are written as text: numbers, None, tuples, objects."""
+    assert js({1: "a", None: "b", 2.5: "c"}) == {"1": "a", "null": "b", "2.5": "c"}
+    assert js({(1, 2): "t", Color.RED: "e"}) == {"(1, 2)": "t", "red": "e"}
+
+
+def test_nan_and_infinities_are_null() -> None:
+    """JSON has no NaN or infinity: they become null (as in JavaScript), never invalid JSON."""
+    text = to_json([math.nan, math.inf, -math.inf, np.float64("nan")], CFG)
+    assert json.loads(text) == [None, None, None, None]
+
+
+def test_lone_surrogates_are_escaped() -> None:
+    """A string with a lone surrogate (invalid UTF-8) keeps the rest and shows the escape."""
+    assert js({"k": "a\ud800b"}) == {"k": "a\\ud800b"}
+    assert js({"\udfff": 1}) == {"\\udfff": 1}
+
+
+def test_integers_beyond_64_bits() -> None:
+    """Integers orjson cannot hold are written as their digits; absurd ones by bit length."""
+    assert js([2**64 - 1, 2**64, -(2**70)]) == [2**64 - 1, str(2**64), str(-(2**70))]
+    assert js(10**5000) == "<int: 16610 bits>"
+
+
+def test_generators_and_iterators_are_described_not_consumed() -> None:
+    """A generator or iterator is described; the caller can still read every item."""
+
+    def gen() -> Any:
+        yield 1
+        yield 2
+
+    g = gen()
+    it = iter([1, 2, 3])
+    out = js({"g": g, "it": it})
+    assert out["g"].startswith("<generator")
+    assert "gen" in out["g"]
+    assert out["it"] == "<list_iterator>"
+    assert list(g) == [1, 2]
+    assert list(it) == [1, 2, 3]
+
+
+def test_other_containers() -> None:
+    """Mappings, deques and other sequences serialize by content."""
+    assert js(MappingProxyType({"a": 1})) == {"a": 1}
+    assert js(OrderedDict(b=1)) == {"b": 1}
+    assert js(deque([1, 2])) == [1, 2]
+    assert js(range(3)) == [0, 1, 2]
+
+
+def test_repr_that_raises_becomes_a_placeholder() -> None:
+    """An unknown object whose __repr__ raises is a placeholder, counted."""
+
+    class Bad:
+        def __repr__(self) -> str:
+            raise RuntimeError("no")
+
+    assert js([Bad()]) == ["<repr failed: Bad>"]
+    assert _serialize.stats["placeholders"] == 1
+
+
+def test_anything_else_is_a_bounded_repr() -> None:
+    """Unknown objects are their repr, cut to a bounded length."""
+
+    class Long:
+        def __repr__(self) -> str:
+            return "L" * 100_000
+
+    out = js(Long())
+    assert out.startswith("LLL")
+    assert out.endswith("...<truncated: 100000 chars>")
+    assert len(out) < 3000
+
+
+# ----------------------------------------------------------------------------- hostile values
+
+
+def test_self_referencing_dict_and_list() -> None:
+    """Cycles become a marker instead of RecursionError; shared (non-cyclic) values stay."""
+    d: dict[str, Any] = {"a": 1}
+    d["self"] = d
+    lst: list[Any] = [1]
+    lst.append(lst)
+    shared = [1]
+    assert js(d) == {"a": 1, "self": "<cycle: dict>"}
+    assert js(lst) == [1, "<cycle: list>"]
+    assert js({"x": shared, "y": shared, "c": lst}) == {
+        "x": [1],
+        "y": [1],
+        "c": [1, "<cycle: list>"],
+    }
+
+
+def test_self_referencing_dataclass() -> None:
+    """A cycle through objects (not just dicts and lists) is cut too."""
+
+    @dataclasses.dataclass
+    class Node:
+        name: str
+        next: Any = None
+
+    n = Node("a")
+    n.next = n
+    out = js(n)
+    assert out["name"] == "a"
+    assert out["next"] == "<cycle: Node>"
+
+
+def test_depth_beyond_orjson_is_cut_at_max_depth() -> None:
+    """Nesting deeper than orjson allows is cut at cfg.max_depth with a marker."""
+    deep: list[Any] = []
+    cur = deep
+    for _ in range(1000):
+        nxt: list[Any] = []
+        cur.append(nxt)
+        cur = nxt
+    cfg = CFG.replace(max_depth=5)
+    out = js(deep, cfg)
+    depth = 0
+    while isinstance(out, list):
+        out = out[0]
+        depth += 1
+    assert out == "<max depth: list>"
+    assert depth == 5
+
+
+def test_objects_that_raise_everywhere() -> None:
+    """A mapping whose items() raises, a str() that raises, an object whose __class__ lies:
+    nothing escapes to the caller."""
+
+    class BadMap(dict):  # type: ignore[type-arg]
+        def items(self) -> Any:
+            raise RuntimeError("boom")
+
+        def __iter__(self) -> Any:
+            raise RuntimeError("boom")
+
+    class BadExc(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    class Liar:
+        @property  # type: ignore[misc]
+        def __class__(self) -> Any:
+            raise RuntimeError("no class")
+
+    d: dict[str, Any] = {"c": None}
+    d["c"] = d
+    value = {"m": BadMap(a=1), "e": BadExc(), "l": Liar(), "cycle": d, "s": "\ud800"}
+    text = to_json(value, CFG)
+    parsed = json.loads(text)
+    assert parsed["e"]["type"].endswith("BadExc")
+    assert "cycle" in parsed
+
+
+def test_property_nested_values_never_raise_and_stay_in_bounds() -> None:
+    """Hypothesis: arbitrary nested values always give valid JSON within max_value_bytes."""
+    cfg = CFG.replace(max_value_bytes=2000, max_depth=6)
+    leaves = (
+        st.none()
+        | st.booleans()
+        | st.integers(min_value=-(2**80), max_value=2**80)
+        | st.floats(allow_nan=True, allow_infinity=True)
+        | st.text()
+        | st.binary(max_size=50)
+        | st.datetimes()
+        | st.uuids()
+        | st.decimals(allow_nan=False)
+        | st.sampled_from([Color.RED, Level.HIGH, Weird(), ValueError("x")])
+    )
+    keys = st.text(max_size=10) | st.integers() | st.tuples(st.integers())
+    values = st.recursive(
+        leaves,
+        lambda children: (
+            st.lists(children, max_size=5)
+            | st.dictionaries(keys, children, max_size=5)
+            | st.frozensets(st.integers(), max_size=3)
+            | st.builds(Point, st.integers(), st.lists(st.integers(), max_size=3))
+        ),
+        max_leaves=40,
+    )
+
+    @settings(max_examples=150, deadline=None)
+    @given(values)
+    def check(value: Any) -> None:
+        text = to_json(value, cfg)
+        json.loads(text)
+        assert len(text.encode()) <= cfg.max_value_bytes
+
+    check()
+
+
+def test_property_secret_prefilter_never_misses_a_secret_key() -> None:
+    """Hypothesis: whenever a key is secret, the cheap scan of orjson's output says so;
+    keys that are not secret do not trigger it when only a few keys are present."""
+    pol = _serialize.policy(CFG)
+    alphabet = st.sampled_from(
+        [*list('aAkKeEyYpPiI_- .\n\t"\\é0'), "token", "Token", "api", "Key", "password"]
+    )
+    keys = st.lists(alphabet, max_size=8).map("".join)
+
+    @settings(max_examples=250, deadline=None)
+    @given(keys)
+    def check(key: str) -> None:
+        if pol.is_secret(key):
+            # Few keys (each read back) and many keys (the word scan) take different paths.
+            assert pol.maybe_secret(orjson.dumps({"outer": {key: 1}}))
+            assert pol.maybe_secret(orjson.dumps({**{f"k{i}": i for i in range(200)}, key: 1}))
+        else:
+            assert not pol.maybe_secret(orjson.dumps({"outer": {key: 1}}))
+
+    check()
+
+
+# ----------------------------------------------------------------------------- limits
+
+
+def test_long_string_is_cut_and_says_its_size() -> None:
+    """A string over max_value_bytes is cut; the text says it was and how long it was."""
+    cfg = CFG.replace(max_value_bytes=1000)
+    out = js({"text": "x" * 50_000, "n": 1}, cfg)
+    assert out["n"] == 1
+    assert out["text"].startswith("xxx")
+    assert out["text"].endswith("<truncated: 50000 chars>")
+    assert len(to_json({"text": "x" * 50_000}, cfg)) <= 1000
+
+
+def test_value_too_big_after_cutting_strings_becomes_a_preview() -> None:
+    """A value of many small items still over the cap becomes a marked preview with its size."""
+    cfg = CFG.replace(max_value_bytes=1000)
+    value = list(range(5000))
+    full = len(orjson.dumps(value))
+    out = js(value, cfg)
+    assert out["looptrace.truncated"] is True
+    assert out["original_bytes"] == full
+    assert out["preview"].startswith("[0,1,2")
+    assert len(to_json(value, cfg)) <= 1000
+
+
+def test_span_cap_shrinks_the_biggest_payload() -> None:
+    """When input + output exceed max_span_bytes the bigger one is cut; the small one stays."""
+    cfg = CFG.replace(max_span_bytes=5000)
+    span = Span("s", 1, 2, 0, 10)
+    span.end_ns = 20
+    span.inputs = {"q": "small"}
+    span.output = "y" * 20_000
+    attrs = dict(to_wire(span, cfg).attributes)
+    assert json.loads(str(attrs[INPUT_VALUE])) == {"q": "small"}
+    out = json.loads(str(attrs[OUTPUT_VALUE]))
+    assert out["looptrace.truncated"] is True
+    assert out["original_bytes"] == 20_002
+    assert sum(len(str(v)) for v in attrs.values()) <= 5000
+
+
+# ----------------------------------------------------------------------------- redaction
+
+
+def test_secret_keys_are_masked_at_any_depth() -> None:
+    """Keys that look secret are masked wherever they are, in any spelling; lookalikes stay."""
+    value = {
+        "user": "ann",
+        "password": "hunter2",
+        "nested": [{"X-Api-Key": "k", "accessToken": "t", "Authorization": "Bearer x"}],
+        "max_tokens": 512,
+        "tokenizer": "bpe",
+        "point": Point(1, [2]),
+    }
+    assert js(value) == {
+        "user": "ann",
+        "password": REDACTED,
+        "nested": [{"X-Api-Key": REDACTED, "accessToken": REDACTED, "Authorization": REDACTED}],
+        "max_tokens": 512,
+        "tokenizer": "bpe",
+        "point": {"x": 1, "y": [2]},
+    }
+    assert _serialize.stats["redactions"] == 4
+
+
+def test_secret_fields_of_models_are_masked() -> None:
+    """Field names of models and dataclasses count as keys."""
+
+    class Login(pydantic.BaseModel):
+        user: str
+        password: str
+
+    assert js(Login(user="a", password="p")) == {"user": "a", "password": REDACTED}
+
+
+def test_redaction_can_be_turned_off_or_customised() -> None:
+    """cfg.redact=False keeps values; cfg.redact_keys replaces the word list."""
+    assert js({"password": "p"}, CFG.replace(redact=False)) == {"password": "p"}
+    custom = CFG.replace(redact_keys=("ssn",))
+    assert js({"password": "p", "user_ssn": "1"}, custom) == {"password": "p", "user_ssn": REDACTED}
+
+
+def test_value_text_mentioning_a_secret_word_is_kept() -> None:
+    """Only keys are matched: a value that says 'password' is not masked."""
+    assert js({"note": "reset your password", "list": ["token"]}) == {
+        "note": "reset your password",
+        "list": ["token"],
+    }
+
+
+# ----------------------------------------------------------------------------- spans and hooks
+
+
+def test_to_wire_for_a_traced_call() -> None:
+    """A traced call gives code.*, site and span attributes, JSON input/output with mime types."""
+
+    @looptrace.traced(attributes={"team": "a", "api_key": "k"})
+    def work(a: int, b: str, password: str) -> dict[str, int]:
+        looptrace.current_span().set_attributes(
+            {"n": 3, "tags": ["x", "y"], "obj": {"k": 1}, "none": None, "big": 2**70}
+        )
+        return {"r": a}
+
+    with capture_spans() as spans:
+        work(1, "b", password="p")
+    wire = to_wire(spans[0], CFG)
+    attrs = dict(wire.attributes)
+    assert attrs[CODE_FUNCTION] == "work"
+    assert attrs[CODE_NAMESPACE] == __name__
+    assert attrs["team"] == "a"
+    assert attrs["api_key"] == REDACTED
+    assert attrs["n"] == 3
+    assert attrs["tags"] == ["x", "y"]
+    assert attrs["obj"] == '{"k":1}'
+    assert "none" not in attrs
+    assert attrs["big"] == str(2**70)
+    assert json.loads(str(attrs[INPUT_VALUE])) == {"a": 1, "b": "b", "password": REDACTED}
+    assert attrs[INPUT_MIME_TYPE] == "application/json"
+    assert json.loads(str(attrs[OUTPUT_VALUE])) == {"r": 1}
+    assert IN_PROGRESS not in attrs
+
+
+def test_to_wire_exception_event_and_links() -> None:
+    """An exception event carries type, message and a formatted stack; links keep ids."""
+
+    @looptrace.traced
+    def boom() -> None:
+        raise KeyError("missing")
+
+    with capture_spans() as spans, pytest.raises(KeyError):
+        boom()
+    span = spans[0]
+    span.links = None
+    span.end_ns = 0
+    span.add_link(SpanContext(7, 8, True, "", True), {"why": "retry"})
+    wire = to_wire(span, CFG)
+    (event,) = wire.events
+    attrs = dict(event.attributes)
+    assert attrs[EXCEPTION_TYPE] == "KeyError"
+    assert attrs[EXCEPTION_MESSAGE] == "'missing'"
+    assert "raise KeyError" in str(attrs[EXCEPTION_STACKTRACE])
+    assert wire.status_code == 2
+    (link,) = wire.links
+    assert (link.trace_id, link.span_id, link.is_remote) == (7, 8, True)
+    assert dict(link.attributes) == {"why": "retry"}
+    assert dict(wire.attributes)[IN_PROGRESS] is True
+
+
+def test_site_and_global_hooks_run_in_order() -> None:
+    """The decorator's process_inputs runs first, then cfg.process_inputs; outputs likewise."""
+
+    @looptrace.traced(process_inputs=lambda d: {**d, "site": True}, process_outputs=lambda o: o * 2)
+    def f(a: int) -> int:
+        return a
+
+    cfg = CFG.replace(
+        process_inputs=lambda d: {**d, "global": True}, process_outputs=lambda o: o + 1
+    )
+    with capture_spans() as spans:
+        f(5)
+    attrs = dict(to_wire(spans[0], cfg).attributes)
+    assert json.loads(str(attrs[INPUT_VALUE])) == {"a": 5, "site": True, "global": True}
+    assert attrs[OUTPUT_VALUE] == "11"
+
+
+def test_hooks_fail_closed() -> None:
+    """A hook that raises replaces the value with an error marker; the raw value never leaves."""
+
+    def bad(value: Any) -> Any:
+        raise ValueError("hook bug")
+
+    @looptrace.traced(process_inputs=bad, process_outputs=bad)
+    def f(secret_thing: str) -> str:
+        return "raw-output"
+
+    with capture_spans() as spans:
+        f("raw-input")
+    attrs = dict(to_wire(spans[0], CFG).attributes)
+    assert json.loads(str(attrs[INPUT_VALUE])) == "<process_inputs failed: ValueError>"
+    assert json.loads(str(attrs[OUTPUT_VALUE])) == "<process_outputs failed: ValueError>"
+    assert "raw-" not in repr(attrs)
+    assert _serialize.stats["hook_errors"] == 2
+
+
+def test_snapshot_keeps_what_was_passed() -> None:
+    """snapshot() copies top-level containers, so appending after the call does not show;
+    without it the record shows the caller's later change (the cost of deferring JSON)."""
+    messages = [{"role": "user", "content": "hi"}]
+    bound = {"messages": messages, "n": 1}
+    snap = _serialize.snapshot(bound)
+    deferred = {"messages": messages, "n": 1}
+    messages.append({"role": "assistant", "content": "hello"})
+    assert js(snap) == {"messages": [{"role": "user", "content": "hi"}], "n": 1}
+    assert len(js(deferred)["messages"]) == 2
+    untouched = {"n": 1, "s": "x"}
+    assert _serialize.snapshot(untouched) is untouched
+
+
+# ----------------------------------------------------------------------------- sizing
+
+
+def test_estimate_size_counts_top_level_text_only() -> None:
+    """estimate_size grows with top-level strings/bytes and ignores what is nested."""
+    span = Span("s", 1, 2, 0, 10)
+    base = estimate_size(span)
+    span.inputs = {"a": "x" * 10_000, "b": b"y" * 5_000}
+    assert estimate_size(span) >= base + 15_000
+    span.inputs = {"a": ["x" * 10_000]}
+    assert estimate_size(span) < base + 1_000
+
+
+def test_needs_offload_spots_large_strings_only() -> None:
+    """Large strings or bytes qualify; a structure of many small values never does, and the
+    walk stops after its node budget (a big string hidden past it is not found)."""
+    cfg = CFG.replace(offload_threshold_bytes=100_000)
+    span = Span("s", 1, 2, 0, 10)
+    span.inputs = {"image": "A" * 200_000}
+    assert needs_offload(span, cfg)
+    assert not needs_offload(span, cfg.replace(offload=False))
+    span.inputs = {"rows": [{"id": i, "name": f"n{i}"} for i in range(50_000)]}
+    assert not needs_offload(span, cfg)
+    span.inputs = {"rows": [*range(10_000), "A" * 200_000]}
+    assert not needs_offload(span, cfg)
+    span.inputs = UNSET_ = looptrace._span.UNSET
+    span.output = [b"B" * 60_000, bytearray(60_000)]
+    assert needs_offload(span, cfg)
+    assert span.inputs is UNSET_
+    span.output = np.zeros(20_000)
+    assert needs_offload(span, cfg)
