@@ -120,6 +120,7 @@ class Policy:
 
     __slots__ = (
         "_any_first",
+        "_firsts",
         "_key_cache",
         "_words",
         "default",
@@ -139,6 +140,9 @@ class Policy:
         self.redact = redact and bool(self._words)
         firsts = sorted({w.first for w in self._words}, key=len, reverse=True)
         self._any_first = re.compile(b"|".join(re.escape(f) for f in firsts) or b"(?!)")
+        # One C-speed, case-insensitive scan rules out the usual payload (no redaction word
+        # anywhere in its text) before any Python-level look at its keys.
+        self._firsts = tuple(firsts)
         self._key_cache: dict[str, bool] = {}
         self.default: Callable[[Any], Any] = self._default
 
@@ -160,6 +164,12 @@ class Policy:
         """Cheap check on orjson output: could any object key in it be secret?
 
         Never says no when a key is secret (a false yes only costs the careful walk)."""
+        low = out.lower()
+        for first in self._firsts:
+            if first in low:
+                break
+        else:
+            return False
         # Few strings (the usual shape of a big payload: a handful of keys, huge values):
         # read each key back from the text and apply the exact rule. Quotes are found with
         # memchr speed; unescaped ones alternate open/close, and only a key's close is
