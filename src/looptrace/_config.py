@@ -84,6 +84,8 @@ class Config:
     store_path: Path = dataclasses.field(default_factory=default_store_path)
     store_max_age_days: float | None = 30.0
     store_max_bytes: int | None = 1024 * 1024 * 1024
+    # The token `looptrace serve` requires on every request (never shown in repr).
+    collector_token: str | None = dataclasses.field(default=None, repr=False)
     # -- lag monitor --
     lag_monitor: bool = False
     lag_interval: float = 0.01
@@ -213,6 +215,7 @@ class Config:
         put("store_path", _path, "LOOPTRACE_STORE")
         put("store_max_age_days", _float, "LOOPTRACE_STORE_MAX_AGE_DAYS")
         put("store_max_bytes", _int, "LOOPTRACE_STORE_MAX_BYTES")
+        put("collector_token", _str, "LOOPTRACE_TOKEN")
         put("lag_monitor", _bool, "LOOPTRACE_LAG_MONITOR")
         put("lag_interval", _float, "LOOPTRACE_LAG_INTERVAL")
         put("lag_culprits", _bool, "LOOPTRACE_LAG_CULPRITS")

@@ -1,0 +1,260 @@
+"""How fast the viewer answers on a store of 10,000 traces (60,000 spans).
+
+Fills a fresh store through ``Store.write`` (DecodedSpan objects, as the collector writes them),
+starts the collector with the viewer on 127.0.0.1, then times:
+
+* the JSON API calls the pages make (median of several requests, server already warm);
+* whole page loads in headless chromium, from navigation to the page marking itself ready
+  (``body[data-ready]``: data fetched and drawn), when /usr/bin/chromium exists.
+
+Run: ``.venv/bin/python benchmarks/scenario_viewer.py`` (about half a minute).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from looptrace import _semconv as sc
+from looptrace._store import Store
+from looptrace._wire import DecodedSpan
+from looptrace.collector import viewer
+from looptrace.collector.app import create_app
+
+TRACES = 10_000
+SPANS_PER_TRACE = 6
+EXPERIMENT_CASES = 200
+LAG_SUMMARIES = 300
+REPEATS = 15
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def _span(
+    trace: int,
+    span: int,
+    parent: int | None,
+    name: str,
+    start: int,
+    end: int,
+    attributes: dict[str, Any],
+    status: int = 0,
+) -> DecodedSpan:
+    return DecodedSpan(
+        trace_id=f"{trace:032x}",
+        span_id=f"{span:016x}",
+        parent_span_id=None if parent is None else f"{parent:016x}",
+        name=name,
+        kind=1,
+        start_ns=start,
+        end_ns=end,
+        attributes=attributes,
+        events=[],
+        links=[],
+        status_code=status,
+        status_message="",
+        trace_state="",
+        resource={"service.name": "bench"},
+        scope_name="bench",
+        scope_version="0",
+    )
+
+
+def fill(store: Store) -> float:
+    """Write the store; returns seconds taken."""
+    t0 = time.perf_counter()
+    base = time.time_ns() - TRACES * 10**9
+    experiment = f"{0xE0:032x}"
+    batch: list[DecodedSpan] = []
+    for t in range(1, TRACES + 1):
+        start = base + t * 10**9
+        in_exp = t <= EXPERIMENT_CASES
+        root_attrs: dict[str, Any] = {sc.INPUT_VALUE: f'{{"job": {t}}}', sc.OUTPUT_VALUE: '"done"'}
+        if in_exp:
+            root_attrs.update(
+                {
+                    sc.EXPERIMENT_ID: experiment,
+                    sc.EXPERIMENT_NAME: "bench",
+                    sc.CASE_INDEX: t - 1,
+                    sc.SCORE_PREFIX + "accuracy": float(t % 3 != 0),
+                }
+            )
+        batch.append(
+            _span(
+                t,
+                1,
+                None,
+                f"job-{t % 50}",
+                start,
+                start + 40_000_000,
+                root_attrs,
+                status=2 if t % 97 == 0 else 0,
+            )
+        )
+        for s in range(2, SPANS_PER_TRACE + 1):
+            s_start = start + s * 5_000_000
+            batch.append(
+                _span(
+                    t,
+                    s,
+                    1,
+                    f"step-{s}",
+                    s_start,
+                    s_start + 4_000_000,
+                    {sc.LOOP_LAG_MAX_MS: float(s), sc.INPUT_VALUE: f'{{"s": {s}}}'},
+                )
+            )
+        if len(batch) >= 6000:
+            store.write(batch)
+            batch = []
+    for i in range(LAG_SUMMARIES):
+        start = base + i * 10**9
+        batch.append(
+            _span(
+                TRACES + 1 + i,
+                1,
+                None,
+                "looptrace.loop.lag",
+                start,
+                start + 10**9,
+                {
+                    "looptrace.loop.lag.p99_ms": 1.0 + i % 7,
+                    "looptrace.loop.lag.max_ms": 2.0 + i % 11,
+                },
+            )
+        )
+    store.write(batch)
+    return time.perf_counter() - t0
+
+
+def serve(path: Path) -> tuple[uvicorn.Server, threading.Thread, str]:
+    app = create_app(path, extra_routes=viewer.routes())
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the collector did not start")
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return server, thread, f"http://127.0.0.1:{port}"
+
+
+def time_api(base: str, paths: list[tuple[str, str]]) -> list[tuple[str, float, float]]:
+    out = []
+    with httpx.Client(base_url=base) as client:
+        for label, path in paths:
+            client.get(path).raise_for_status()
+            times = []
+            for _ in range(REPEATS):
+                t0 = time.perf_counter()
+                client.get(path).raise_for_status()
+                times.append((time.perf_counter() - t0) * 1e3)
+            out.append((label, statistics.median(times), max(times)))
+    return out
+
+
+def time_pages(base: str, paths: list[tuple[str, str]]) -> list[tuple[str, float, float, float]]:
+    from playwright.sync_api import sync_playwright
+
+    out = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=str(CHROMIUM),
+            args=[
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        for label, path in paths:
+            walls, inside = [], []
+            for _ in range(REPEATS // 3 + 1):
+                t0 = time.perf_counter()
+                page.goto(base + path)
+                page.wait_for_selector("body[data-ready='1']")
+                walls.append((time.perf_counter() - t0) * 1e3)
+                inside.append(float(page.get_attribute("body", "data-ready-ms") or "nan"))
+            # The first load of each page warms the browser's cache; it is left out.
+            out.append(
+                (
+                    label,
+                    statistics.median(inside[1:]),
+                    max(inside[1:]),
+                    statistics.median(walls[1:]),
+                )
+            )
+        browser.close()
+    return out
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "traces.db"
+        with Store(path) as store:
+            seconds = fill(store)
+            stats = store.stats()
+        print(
+            f"store: {stats['traces']:,} traces, {stats['spans']:,} spans, "
+            f"{stats['bytes'] / 2**20:.1f} MiB, filled in {seconds:.1f} s"
+        )
+        server, thread, base = serve(path)
+        mid = f"{TRACES // 2:032x}"
+        experiment = f"{0xE0:032x}"
+        api = time_api(
+            base,
+            [
+                ("trace list, first page", "/api/traces?limit=51"),
+                ("trace list, page at offset 9,000", "/api/traces?limit=51&offset=9000"),
+                ("trace list, name filter", "/api/traces?limit=51&name=job-7"),
+                ("trace list, status=error", "/api/traces?limit=51&status=error"),
+                ("trace list, experiment filter", f"/api/traces?limit=51&experiment={experiment}"),
+                ("one trace (6 spans)", f"/api/traces/{mid}"),
+                ("experiments", "/api/experiments?limit=200"),
+                (f"one experiment ({EXPERIMENT_CASES} cases)", f"/api/experiments/{experiment}"),
+                ("lag summaries", "/api/lag?limit=500&worst=20"),
+            ],
+        )
+        print(f"\nJSON API (median and max of {REPEATS} requests, ms)")
+        print(f"{'request':<36}{'median':>9}{'max':>9}")
+        for label, med, worst in api:
+            print(f"{label:<36}{med:>9.1f}{worst:>9.1f}")
+        if CHROMIUM.exists():
+            pages = time_pages(
+                base,
+                [
+                    ("traces", "/"),
+                    ("traces, page at offset 9,000", "/?offset=9000"),
+                    ("one trace", f"/traces/{mid}"),
+                    ("experiments", "/experiments"),
+                    (f"one experiment ({EXPERIMENT_CASES} cases)", f"/experiments/{experiment}"),
+                    ("lag", "/lag"),
+                ],
+            )
+            print("\npage load in chromium, ms: navigation start to page drawn, measured in the")
+            print("page (median, max); 'driver' adds the Playwright round trips, seen from Python")
+            print(f"{'page':<36}{'median':>9}{'max':>9}{'driver':>9}")
+            for label, med, worst, wall in pages:
+                print(f"{label:<36}{med:>9.1f}{worst:>9.1f}{wall:>9.1f}")
+        else:
+            print("\n(no /usr/bin/chromium: page loads not measured)", file=sys.stderr)
+        server.should_exit = True
+        thread.join(10)
+
+
+if __name__ == "__main__":
+    main()

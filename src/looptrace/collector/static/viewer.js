@@ -1,0 +1,601 @@
+// looptrace viewer: plain JavaScript, no framework, no build step.
+//
+// Safety rule for this file: values that come from spans reach the page only through
+// textContent, element properties and setAttribute on non-script attributes (see el() below).
+// No string is ever parsed as markup here, so a span named "<script>" is shown as text.
+"use strict";
+
+const LAG_MARK_MS = 10; // a span whose loop lag exceeded this gets a marker in the waterfall
+const COLLAPSE_CHARS = 2048; // JSON longer than this starts collapsed
+const PAGE_SIZE = 50;
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+// ---------------------------------------------------------------------------------------------
+// DOM and data helpers
+
+// el("a", {href: "/x", className: "y"}, "text", child): props are set as properties (or as
+// attributes for data-* and aria-*), children are nodes or strings (always text nodes).
+function el(tag, props, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props || {})) {
+    if (value === undefined || value === null) continue;
+    if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (key.startsWith("data-") || key.startsWith("aria-")) node.setAttribute(key, String(value));
+    else node[key] = value;
+  }
+  append(node, children);
+  return node;
+}
+
+function append(node, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === undefined || child === null || child === false) continue;
+    node.appendChild(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
+  for (const child of children.flat(Infinity)) {
+    node.appendChild(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+async function api(path) {
+  const response = await fetch(path, { headers: { accept: "application/json" } });
+  const body = await response.json().catch(() => ({}));
+  if (!response.ok) throw new Error(body.error || `${response.status} ${response.statusText}`);
+  return body;
+}
+
+function show(...children) {
+  const main = document.getElementById("main");
+  main.replaceChildren();
+  append(main, children);
+}
+
+function fail(error) {
+  show(el("p", { className: "error-text" }, `Could not load this page: ${error.message}`));
+}
+
+function fmtDuration(ns) {
+  if (ns === null || ns === undefined) return "—";
+  const ms = ns / 1e6;
+  if (ms < 1) return `${(ns / 1e3).toFixed(ns < 1e4 ? 1 : 0)} µs`;
+  if (ms < 1000) return `${ms.toFixed(ms < 10 ? 2 : 1)} ms`;
+  if (ms < 60000) return `${(ms / 1000).toFixed(2)} s`;
+  return `${Math.floor(ms / 60000)} m ${Math.round((ms % 60000) / 1000)} s`;
+}
+
+function fmtTime(ns) {
+  if (!ns) return "—";
+  const d = new Date(ns / 1e6);
+  const pad = (n, w = 2) => String(n).padStart(w, "0");
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
+    `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}`;
+}
+
+function fmtNumber(x, digits = 3) {
+  if (x === null || x === undefined) return "—";
+  if (typeof x !== "number") return String(x);
+  return x.toFixed(digits);
+}
+
+function badge(status) {
+  const label = status === "in_progress" ? "in progress" : status;
+  return el("span", { className: `badge ${status}` }, label);
+}
+
+// Pretty-print a payload: JSON strings are re-indented; other strings are shown as they are.
+function pretty(value) {
+  if (value === null || value === undefined) return "";
+  if (typeof value !== "string") return JSON.stringify(value, null, 2);
+  try {
+    return JSON.stringify(JSON.parse(value), null, 2);
+  } catch {
+    return value;
+  }
+}
+
+// A <pre> for small values, a collapsed <details> past COLLAPSE_CHARS.
+function jsonBlock(value, note) {
+  const text = pretty(value);
+  const pre = el("pre", { className: "json" }, text);
+  if (text.length <= COLLAPSE_CHARS) return note ? el("div", {}, pre, note) : pre;
+  const kb = (text.length / 1024).toFixed(1);
+  return el("details", {}, el("summary", {}, `${kb} KB — show`), pre, note);
+}
+
+function query() {
+  return new URLSearchParams(location.search);
+}
+
+function link(href, text) {
+  return el("a", { href }, text);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Traces: the list
+
+async function tracesPage() {
+  const q = query();
+  const offset = Math.max(0, parseInt(q.get("offset") || "0", 10) || 0);
+  const params = new URLSearchParams({ limit: String(PAGE_SIZE + 1), offset: String(offset) });
+  for (const key of ["name", "status", "experiment"]) if (q.get(key)) params.set(key, q.get(key));
+  const data = await api(`/api/traces?${params}`);
+  const traces = data.traces.slice(0, PAGE_SIZE);
+  const more = data.traces.length > PAGE_SIZE;
+
+  // A GET form: submitting puts the filters in the address, so a filtered list can be shared.
+  const status = el("select", { name: "status" },
+    ["", "ok", "error", "unset", "in_progress"].map((s) =>
+      el("option", { value: s, selected: q.get("status") === s }, s || "any status")));
+  const form = el("form", { className: "filters", method: "get", action: "/" },
+    el("input", { name: "name", placeholder: "name contains…", value: q.get("name") || "" }),
+    status,
+    el("input", { name: "experiment", placeholder: "experiment id", value: q.get("experiment") || "" }),
+    el("button", { type: "submit" }, "Filter"),
+    (q.get("name") || q.get("status") || q.get("experiment")) ? link("/", "clear") : null);
+
+  const rows = traces.map((t) => el("tr", { "data-trace-id": t.trace_id },
+    el("td", {}, link(`/traces/${encodeURIComponent(t.trace_id)}`, t.name)),
+    el("td", { className: "mono" }, fmtTime(t.start_ns)),
+    el("td", { className: "num" }, t.in_progress ? "running" : fmtDuration(t.duration_ns)),
+    el("td", {}, badge(t.error_count > 0 && t.status !== "error" && t.status !== "in_progress" ? "error" : t.status)),
+    el("td", { className: "num" }, String(t.span_count)),
+    el("td", { className: "num" }, t.error_count ? String(t.error_count) : ""),
+    el("td", {}, t.experiment_id ? link(`/experiments/${encodeURIComponent(t.experiment_id)}`, t.experiment_id.slice(0, 8)) : ""),
+    el("td", { className: "muted" }, t.service_name || "")));
+  const table = el("table", { className: "grid traces" },
+    el("thead", {}, el("tr", {}, ["Name", "Start", "Duration", "Status", "Spans", "Errors", "Experiment", "Service"]
+      .map((h, i) => el("th", { className: i === 2 || i === 4 || i === 5 ? "num" : "" }, h)))),
+    el("tbody", {}, rows));
+
+  const page = (o) => { const p = query(); p.set("offset", String(o)); return `/?${p}`; };
+  const pager = el("div", { className: "pager" },
+    el("a", { href: page(Math.max(0, offset - PAGE_SIZE)), className: offset ? "" : "disabled" }, "← newer"),
+    el("span", { className: "muted" }, traces.length ? `${offset + 1}–${offset + traces.length}` : ""),
+    el("a", { href: page(offset + PAGE_SIZE), className: more ? "" : "disabled" }, "older →"));
+
+  show(el("h1", {}, "Traces"), form,
+    traces.length ? table : el("p", { className: "muted" }, offset ? "No more traces." : "No traces yet: run your program (or `looptrace demo`) with this store."),
+    pager);
+}
+
+// ---------------------------------------------------------------------------------------------
+// One trace: waterfall and span panel
+
+// Depth-first order with depths; spans whose parent is not in the trace are roots.
+function spanTree(spans) {
+  const byId = new Map(spans.map((s) => [s.span_id, s]));
+  const children = new Map();
+  const roots = [];
+  for (const s of spans) {
+    if (s.parent_span_id && byId.has(s.parent_span_id)) {
+      if (!children.has(s.parent_span_id)) children.set(s.parent_span_id, []);
+      children.get(s.parent_span_id).push(s);
+    } else {
+      roots.push(s);
+    }
+  }
+  const out = [];
+  const seen = new Set();
+  const stack = roots.slice().reverse().map((s) => [s, 0]);
+  while (stack.length) {
+    const [s, depth] = stack.pop();
+    if (seen.has(s.span_id)) continue; // a cycle in bad data must not hang the page
+    seen.add(s.span_id);
+    out.push({ span: s, depth });
+    const kids = children.get(s.span_id) || [];
+    for (let i = kids.length - 1; i >= 0; i--) stack.push([kids[i], depth + 1]);
+  }
+  return out;
+}
+
+function isOpen(span) {
+  return span.in_progress || !span.end_ns || span.attributes?.["looptrace.in_progress"] === true;
+}
+
+function lagOf(span) {
+  const lag = span.lag_max_ms ?? span.attributes?.["looptrace.loop.lag_max_ms"];
+  return typeof lag === "number" ? lag : null;
+}
+
+function timeAxis(t0, total) {
+  const ticks = el("div", { className: "ticks" });
+  for (let i = 0; i <= 4; i++) {
+    const mark = el("span", {}, i === 0 ? "0" : fmtDuration((total * i) / 4));
+    mark.style.left = `${i * 25}%`;
+    ticks.appendChild(mark);
+  }
+  return el("div", { className: "wf-axis" }, el("div", { className: "label muted" }, ""), ticks);
+}
+
+async function tracePage(traceId) {
+  const data = await api(`/api/traces/${encodeURIComponent(traceId)}`);
+  const trace = data.trace;
+  const spans = data.spans;
+  const ordered = spanTree(spans);
+  // Loops, not Math.min(...spans): a spread of 100,000 arguments overflows the stack.
+  let t0 = Infinity;
+  let t1 = -Infinity;
+  for (const s of spans) {
+    t0 = Math.min(t0, s.start_ns);
+    t1 = Math.max(t1, s.start_ns, s.end_ns || 0);
+    for (const e of s.events || []) t1 = Math.max(t1, e.time_ns || 0);
+  }
+  const total = Math.max(t1 - t0, 1);
+  const pct = (ns) => `${(((ns - t0) / total) * 100).toFixed(3)}%`;
+
+  const panel = el("aside", { className: "panel", id: "span-panel" }, el("p", { className: "muted" }, "Select a span."));
+  const rows = new Map();
+  const waterfall = el("div", { className: "waterfall", id: "waterfall" }, timeAxis(t0, total));
+  for (const { span, depth } of ordered) {
+    const open = isOpen(span);
+    const lag = lagOf(span);
+    const error = span.status === "error" || span.status_code === 2;
+    const duration = open ? null : span.end_ns - span.start_ns;
+    const lagged = lag !== null && lag > LAG_MARK_MS;
+    const label = el("div", { className: "label", title: span.name },
+      el("span", { className: "name" }, span.name),
+      el("span", { className: "dur" }, open ? "running" : fmtDuration(duration)),
+      lagged ? el("span", { className: "lag-mark", title: "the event loop was blocked while this span ran" }, `⚠ lag ${lag.toFixed(1)} ms`) : null);
+    label.style.paddingLeft = `${8 + depth * 14}px`;
+    const bar = el("div", { className: `bar${open ? " open" : ""}${lagged ? " lagged" : ""}` });
+    bar.style.left = pct(span.start_ns);
+    bar.style.width = `${(((open ? t1 : span.end_ns) - span.start_ns) / total) * 100}%`;
+    const track = el("div", { className: "track" }, bar);
+    for (const event of span.events || []) {
+      const mark = el("div", { className: "event-mark", title: event.name });
+      mark.style.left = pct(event.time_ns);
+      track.appendChild(mark);
+    }
+    const row = el("div", {
+      className: `wf-row${error ? " error" : ""}`, "data-span-id": span.span_id, tabIndex: 0,
+      onclick: () => { location.hash = `span=${span.span_id}`; },
+      onkeydown: (e) => { if (e.key === "Enter") location.hash = `span=${span.span_id}`; },
+    }, label, track);
+    rows.set(span.span_id, { row, span });
+    waterfall.appendChild(row);
+  }
+
+  let shown = null;
+  const select = async () => {
+    const id = new URLSearchParams(location.hash.slice(1)).get("span") || trace.root_span_id || ordered[0]?.span.span_id;
+    const entry = rows.get(id);
+    if (!entry || shown === id) return;
+    shown = id;
+    for (const { row } of rows.values()) row.classList.toggle("selected", row === entry.row);
+    let span = entry.span;
+    // The trace came with payload previews; fetch the whole span when a preview was cut.
+    const cut = (span.input_size ?? 0) > (span.input?.length ?? 0) || (span.output_size ?? 0) > (span.output?.length ?? 0);
+    if (cut) {
+      panel.replaceChildren(el("p", { className: "muted" }, "Loading span…"));
+      try {
+        const full = (await api(`/api/traces/${encodeURIComponent(traceId)}/spans/${encodeURIComponent(id)}`)).span;
+        span = { ...full, input: full.attributes["input.value"] ?? null, output: full.attributes["output.value"] ?? null };
+        entry.span = span;
+      } catch (error) {
+        panel.replaceChildren(el("p", { className: "error-text" }, error.message));
+        return;
+      }
+    }
+    if (shown === id) panel.replaceChildren(...spanDetails(span, t0));
+  };
+  window.addEventListener("hashchange", select);
+
+  show(
+    el("div", { className: "trace-head" },
+      el("h1", {}, trace.name),
+      badge(trace.status),
+      el("span", { className: "muted" }, `${fmtTime(trace.start_ns)} · ${trace.in_progress ? "running" : fmtDuration(trace.duration_ns)} · ${trace.span_count} spans`),
+      trace.experiment_id ? link(`/experiments/${encodeURIComponent(trace.experiment_id)}`, "experiment") : null,
+      el("span", { className: "mono muted" }, trace.trace_id)),
+    el("div", { className: "trace-layout" }, waterfall, panel));
+  await select();
+}
+
+// Attributes shown in their own sections, not in the attribute table.
+const HIDDEN_ATTRIBUTES = new Set(["input.value", "output.value", "input.mime_type", "output.mime_type"]);
+
+// Objects, lists and JSON-looking strings get a JSON block; plain values stay inline.
+function isStructured(v) {
+  return (typeof v === "object" && v !== null) || (typeof v === "string" && /^\s*[[{]/.test(v));
+}
+
+function kv(pairs) {
+  return el("dl", { className: "kv" }, pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+}
+
+function spanDetails(span, t0) {
+  const open = isOpen(span);
+  const out = [
+    el("h2", {}, span.name),
+    kv([
+      ["status", span.status_message ? `${span.status}: ${span.status_message}` : (open ? "in progress" : span.status)],
+      ["duration", open ? "running" : fmtDuration(span.end_ns - span.start_ns)],
+      ["starts at", `+${fmtDuration(span.start_ns - t0)}`],
+      ["span id", span.span_id],
+      ["parent", span.parent_span_id || "—"],
+      ...(lagOf(span) !== null ? [["loop lag max", `${lagOf(span).toFixed(2)} ms`]] : []),
+    ]),
+  ];
+  const exception = (span.events || []).find((e) => e.name === "exception");
+  if (exception) {
+    const a = exception.attributes || {};
+    out.push(el("h3", {}, "Exception"), el("div", { className: "exception" },
+      el("div", { className: "etype" }, `${a["exception.type"] || "Exception"}: ${a["exception.message"] || ""}`),
+      a["exception.stacktrace"] ? el("details", {}, el("summary", {}, "stack trace"), el("pre", {}, a["exception.stacktrace"])) : null));
+  }
+  const input = span.input ?? span.attributes?.["input.value"];
+  const output = span.output ?? span.attributes?.["output.value"];
+  if (input !== null && input !== undefined) out.push(el("h3", {}, "Input"), jsonBlock(input));
+  if (output !== null && output !== undefined) out.push(el("h3", {}, "Output"), jsonBlock(output));
+  const attrs = Object.entries(span.attributes || {}).filter(([k]) => !HIDDEN_ATTRIBUTES.has(k));
+  if (attrs.length) {
+    out.push(el("h3", {}, "Attributes"), el("table", { className: "grid attributes" }, el("tbody", {},
+      attrs.sort(([a], [b]) => a.localeCompare(b)).map(([k, v]) => el("tr", {},
+        el("td", { className: "mono" }, k),
+        el("td", {}, isStructured(v) ? jsonBlock(v) : el("span", { className: "mono" }, String(v))))))));
+  }
+  const events = (span.events || []).filter((e) => e !== exception);
+  if (events.length) {
+    out.push(el("h3", {}, "Events"), el("ul", { className: "events" }, events.map((e) => el("li", {},
+      el("strong", {}, e.name), el("span", { className: "muted" }, ` +${fmtDuration(e.time_ns - t0)}`),
+      Object.keys(e.attributes || {}).length ? jsonBlock(e.attributes) : null))));
+  }
+  if (span.resource && Object.keys(span.resource).length) {
+    out.push(el("details", {}, el("summary", {}, "resource"), jsonBlock(span.resource)));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Experiments
+
+function scoreNames(experiments) {
+  const names = new Set();
+  for (const e of experiments) for (const name of Object.keys(e.scores || {})) names.add(name);
+  return [...names].sort();
+}
+
+async function experimentsPage() {
+  const data = await api(`/api/experiments?limit=200`);
+  const experiments = data.experiments;
+  const names = scoreNames(experiments);
+  const picked = [];
+  const compare = el("button", { type: "button", disabled: true, id: "compare" }, "Compare two");
+  compare.addEventListener("click", () => {
+    location.href = `/compare?a=${encodeURIComponent(picked[0])}&b=${encodeURIComponent(picked[1])}`;
+  });
+  const onPick = (id, box) => {
+    if (box.checked) picked.push(id); else picked.splice(picked.indexOf(id), 1);
+    while (picked.length > 2) {
+      const dropped = picked.shift();
+      document.querySelector(`input[data-experiment-id="${CSS.escape(dropped)}"]`).checked = false;
+    }
+    compare.disabled = picked.length !== 2;
+  };
+  const rows = experiments.map((e) => {
+    const box = el("input", { type: "checkbox", "data-experiment-id": e.id, "aria-label": "compare" });
+    box.addEventListener("change", () => onPick(e.id, box));
+    return el("tr", { "data-experiment-id": e.id },
+      el("td", {}, box),
+      el("td", {}, link(`/experiments/${encodeURIComponent(e.id)}`, e.name || e.id)),
+      el("td", { className: "mono" }, fmtTime(e.created_ns)),
+      el("td", { className: "num" }, String(e.case_count)),
+      el("td", { className: `num${e.error_count ? " worse" : ""}` }, String(e.error_count)),
+      names.map((n) => el("td", { className: "num" }, e.scores?.[n] ? fmtNumber(e.scores[n].mean) : "")));
+  });
+  show(el("h1", {}, "Experiments"),
+    experiments.length
+      ? [el("div", { className: "filters" }, compare, el("span", { className: "muted" }, " tick two experiments to compare their scores")),
+        el("table", { className: "grid experiments" },
+          el("thead", {}, el("tr", {}, el("th", {}, ""), el("th", {}, "Experiment"), el("th", {}, "Created"),
+            el("th", { className: "num" }, "Cases"), el("th", { className: "num" }, "Errors"),
+            names.map((n) => el("th", { className: "num", title: "mean" }, `${n} (mean)`)))),
+          el("tbody", {}, rows))]
+      : el("p", { className: "muted" }, "No experiments yet: run one with `async with looptrace.experiment(...)`."));
+}
+
+// Table cells show payloads on one line (compact JSON); the tooltip has the indented form.
+function compact(value) {
+  if (typeof value !== "string") return JSON.stringify(value);
+  try {
+    return JSON.stringify(JSON.parse(value));
+  } catch {
+    return value;
+  }
+}
+
+function payloadCell(value) {
+  if (value === null || value === undefined) return el("td", { className: "payload" });
+  return el("td", { className: "payload" }, el("pre", { title: pretty(value) }, compact(value)));
+}
+
+async function experimentPage(experimentId) {
+  const e = await api(`/api/experiments/${encodeURIComponent(experimentId)}`);
+  const names = Object.keys(e.scores || {}).sort();
+  const cards = el("div", { className: "cards" },
+    el("div", { className: "card" }, el("div", { className: "k" }, "cases"), el("div", { className: "v" }, String(e.case_count))),
+    el("div", { className: "card" }, el("div", { className: "k" }, "errors"), el("div", { className: `v${e.error_count ? " worse" : ""}` }, String(e.error_count))),
+    names.map((n) => el("div", { className: "card", "data-score": n },
+      el("div", { className: "k" }, `${n} mean`), el("div", { className: "v" }, fmtNumber(e.scores[n].mean)),
+      el("div", { className: "muted" }, `min ${fmtNumber(e.scores[n].min)} · max ${fmtNumber(e.scores[n].max)} · n ${e.scores[n].count}`))));
+  const rows = (e.cases || []).map((c) => el("tr", { "data-case-index": c.case_index },
+    el("td", { className: "num" }, String(c.case_index)),
+    payloadCell(c.input), payloadCell(c.output), payloadCell(c.expected),
+    names.map((n) => el("td", { className: "num", title: c.comments?.[n] || "" }, c.scores?.[n] !== undefined ? fmtNumber(c.scores[n]) : "")),
+    el("td", {}, badge(c.in_progress ? "in_progress" : c.status), c.error ? el("div", { className: "error-text" }, c.error) : null),
+    el("td", { className: "num" }, fmtDuration(c.duration_ns)),
+    el("td", {}, link(`/traces/${encodeURIComponent(c.trace_id)}#span=${encodeURIComponent(c.span_id)}`, "trace"))));
+  const meta = e.metadata && Object.keys(e.metadata).length ? el("details", {}, el("summary", {}, "metadata"), jsonBlock(e.metadata)) : null;
+  show(
+    el("div", { className: "trace-head" }, el("h1", {}, e.name || e.id), el("span", { className: "muted" }, fmtTime(e.created_ns)),
+      (e.tags || []).map((t) => el("span", { className: "badge unset" }, t)),
+      e.trace ? link(`/traces/${encodeURIComponent(e.trace.trace_id)}`, "experiment trace") : null,
+      el("span", { className: "mono muted" }, e.id)),
+    meta, cards,
+    el("table", { className: "grid cases" },
+      el("thead", {}, el("tr", {}, el("th", { className: "num" }, "#"), el("th", {}, "Input"), el("th", {}, "Output"), el("th", {}, "Expected"),
+        names.map((n) => el("th", { className: "num" }, n)), el("th", {}, "Status"), el("th", { className: "num" }, "Duration"), el("th", {}, ""))),
+      el("tbody", {}, rows)));
+}
+
+async function comparePage() {
+  const q = query();
+  const [a, b] = await Promise.all([q.get("a"), q.get("b")].map((id) => api(`/api/experiments/${encodeURIComponent(id || "")}`)));
+  const names = scoreNames([a, b]);
+  const title = (e) => link(`/experiments/${encodeURIComponent(e.id)}`, e.name || e.id);
+  // Scores: higher is better. Errors: fewer is better (lowerIsBetter flips the colour only).
+  const delta = (x, y, lowerIsBetter = false, digits = 3) => {
+    if (typeof x !== "number" || typeof y !== "number") return el("td", { className: "num" }, "");
+    const d = y - x;
+    const good = lowerIsBetter ? d < 0 : d > 0;
+    return el("td", { className: `num ${d === 0 ? "" : good ? "better" : "worse"}` }, `${d > 0 ? "+" : ""}${fmtNumber(d, digits)}`);
+  };
+  const summary = el("table", { className: "grid compare-summary" },
+    el("thead", {}, el("tr", {}, el("th", {}, "Score (mean)"), el("th", { className: "num" }, el("span", {}, "A: ", title(a))),
+      el("th", { className: "num" }, el("span", {}, "B: ", title(b))), el("th", { className: "num" }, "B − A"))),
+    el("tbody", {},
+      names.map((n) => el("tr", { "data-score": n }, el("td", {}, n),
+        el("td", { className: "num" }, fmtNumber(a.scores[n]?.mean)), el("td", { className: "num" }, fmtNumber(b.scores[n]?.mean)),
+        delta(a.scores[n]?.mean, b.scores[n]?.mean))),
+      el("tr", {}, el("td", {}, "errors"), el("td", { className: "num" }, String(a.error_count)), el("td", { className: "num" }, String(b.error_count)),
+        delta(a.error_count, b.error_count, true, 0))));
+  // Cases line up by their index in the dataset (first repetition of each).
+  const byIndex = (e) => { const m = new Map(); for (const c of e.cases) if (!m.has(c.case_index)) m.set(c.case_index, c); return m; };
+  const ca = byIndex(a);
+  const cb = byIndex(b);
+  const indexes = [...new Set([...ca.keys(), ...cb.keys()])].sort((x, y) => x - y);
+  const caseLink = (c) => c ? link(`/traces/${encodeURIComponent(c.trace_id)}#span=${encodeURIComponent(c.span_id)}`, "trace") : "";
+  const rows = indexes.map((i) => {
+    const x = ca.get(i);
+    const y = cb.get(i);
+    return el("tr", { "data-case-index": i }, el("td", { className: "num" }, String(i)),
+      payloadCell((x || y).input), payloadCell(x?.output), payloadCell(y?.output),
+      names.map((n) => [el("td", { className: "num" }, fmtNumber(x?.scores?.[n])), el("td", { className: "num" }, fmtNumber(y?.scores?.[n])),
+        delta(x?.scores?.[n], y?.scores?.[n])]),
+      el("td", {}, caseLink(x), " ", caseLink(y)));
+  });
+  show(el("h1", {}, "Compare experiments"), summary,
+    el("h2", {}, "Cases"),
+    el("table", { className: "grid compare-cases" },
+      el("thead", {}, el("tr", {}, el("th", { className: "num" }, "#"), el("th", {}, "Input"), el("th", {}, "Output A"), el("th", {}, "Output B"),
+        names.map((n) => [el("th", { className: "num" }, `${n} A`), el("th", { className: "num" }, `${n} B`), el("th", { className: "num" }, "Δ")]),
+        el("th", {}, "Traces"))),
+      el("tbody", {}, rows)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Event-loop lag
+
+function lagValue(values, name) {
+  const v = values[`${name}_ms`] ?? values[name];
+  return typeof v === "number" ? v : null;
+}
+
+function lagChart(points) {
+  const W = 960, H = 300, L = 56, R = 16, T = 14, B = 34;
+  const xs = points.map((p) => p.t);
+  const x0 = Math.min(...xs);
+  const x1 = Math.max(...xs, x0 + 1);
+  const top = Math.max(1, ...points.map((p) => Math.max(p.p99 ?? 0, p.max ?? 0))) * 1.1;
+  const x = (t) => L + ((t - x0) / (x1 - x0)) * (W - L - R);
+  const y = (v) => T + (1 - v / top) * (H - T - B);
+  const chart = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "event-loop lag over time" });
+  for (let i = 0; i <= 4; i++) {
+    const v = (top * i) / 4;
+    chart.append(svg("line", { class: "gridline", x1: L, x2: W - R, y1: y(v), y2: y(v) }),
+      svg("text", { x: L - 6, y: y(v) + 4, "text-anchor": "end" }, `${v.toFixed(v < 10 ? 1 : 0)} ms`));
+  }
+  // A short run reads better as seconds since its first summary than as clock times.
+  const short = x1 - x0 < 600e9;
+  for (let i = 0; i <= 4; i++) {
+    const t = x0 + ((x1 - x0) * i) / 4;
+    const label = i === 0 || !short ? new Date(t / 1e6).toLocaleTimeString() : `+${((t - x0) / 1e9).toFixed(1)} s`;
+    chart.append(svg("text", { x: x(t), y: H - 12, "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle" }, label));
+  }
+  chart.append(svg("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }), svg("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }));
+  // The line breaks where summaries stop for a while (the program was not running), instead of
+  // drawing a slope across the gap: a gap is three times the usual spacing.
+  const steps = xs.slice(1).map((t, i) => t - xs[i]).sort((p, q) => p - q);
+  const gap = 3 * (steps[Math.floor(steps.length / 2)] || Infinity);
+  for (const key of ["p99", "max"]) {
+    const pts = points.filter((p) => p[key] !== null);
+    let run = [];
+    const flush = () => {
+      if (run.length) chart.append(svg("polyline", { class: key, points: run.join(" ") }));
+      run = [];
+    };
+    pts.forEach((p, i) => {
+      if (i && p.t - pts[i - 1].t > gap) flush();
+      run.push(`${x(p.t).toFixed(1)},${y(p[key]).toFixed(1)}`);
+    });
+    flush();
+    for (const p of pts) {
+      chart.append(svg("circle", { class: `dot-${key}`, cx: x(p.t), cy: y(p[key]), r: key === "p99" ? 3.5 : 2 },
+        svg("title", {}, `${key} ${p[key].toFixed(2)} ms at ${new Date(p.t / 1e6).toLocaleTimeString()}`)));
+    }
+  }
+  return el("div", { className: "chart", id: "lag-chart" }, chart,
+    el("div", { className: "legend" }, el("span", {}, el("span", { className: "sw p99" }), "p99"), el("span", {}, el("span", { className: "sw max" }), "max")));
+}
+
+async function lagPage() {
+  const data = await api(`/api/lag?limit=500&worst=20`);
+  const points = data.summaries.slice().reverse().map((s) => ({
+    t: s.end_ns || s.start_ns, p99: lagValue(s.values, "p99"), max: lagValue(s.values, "max"),
+  }));
+  const worst = data.worst_spans.map((w) => el("tr", {},
+    el("td", {}, link(`/traces/${encodeURIComponent(w.trace_id)}#span=${encodeURIComponent(w.span_id)}`, w.name)),
+    el("td", { className: "mono" }, fmtTime(w.start_ns)),
+    el("td", { className: "num" }, fmtDuration(w.duration_ns)),
+    el("td", { className: `num${w.lag_max_ms > LAG_MARK_MS ? " worse" : ""}` }, `${w.lag_max_ms.toFixed(2)} ms`)));
+  const maxes = points.map((p) => p.max).filter((v) => v !== null);
+  const p99s = points.map((p) => p.p99).filter((v) => v !== null);
+  show(el("h1", {}, "Event-loop lag"),
+    points.length
+      ? [el("div", { className: "cards" },
+          el("div", { className: "card" }, el("div", { className: "k" }, "summaries"), el("div", { className: "v" }, String(points.length))),
+          el("div", { className: "card" }, el("div", { className: "k" }, "worst p99"), el("div", { className: "v" }, p99s.length ? `${Math.max(...p99s).toFixed(2)} ms` : "—")),
+          el("div", { className: "card" }, el("div", { className: "k" }, "worst max"), el("div", { className: "v" }, maxes.length ? `${Math.max(...maxes).toFixed(2)} ms` : "—"))),
+        lagChart(points)]
+      : el("p", { className: "muted" }, "No lag summaries yet: run with the lag monitor on (LOOPTRACE_LAG_MONITOR=1)."),
+    el("h2", {}, "Spans that saw the most lag"),
+    worst.length
+      ? el("table", { className: "grid worst" }, el("thead", {}, el("tr", {}, el("th", {}, "Span"), el("th", {}, "Start"),
+          el("th", { className: "num" }, "Duration"), el("th", { className: "num" }, "Loop lag max"))), el("tbody", {}, worst))
+      : el("p", { className: "muted" }, "No span recorded loop lag."));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routing: every page is this same shell; the path says what to draw.
+
+function route() {
+  const path = location.pathname.replace(/\/+$/, "") || "/";
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  let nav = "traces";
+  let render;
+  if (path === "/" || path === "/traces") render = tracesPage;
+  else if (parts[0] === "traces" && parts.length === 2) render = () => tracePage(parts[1]);
+  else if (path === "/experiments") { nav = "experiments"; render = experimentsPage; }
+  else if (parts[0] === "experiments" && parts.length === 2) { nav = "experiments"; render = () => experimentPage(parts[1]); }
+  else if (path === "/compare") { nav = "experiments"; render = comparePage; }
+  else if (path === "/lag") { nav = "lag"; render = lagPage; }
+  else render = async () => show(el("p", {}, "No such page. "), link("/", "Back to traces"));
+  for (const a of document.querySelectorAll("[data-nav]")) a.classList.toggle("active", a.dataset.nav === nav);
+  document.body.dataset.page = nav;
+  // data-ready marks the page drawn (tests wait on it); data-ready-ms is the time from the start
+  // of navigation, which the benchmark reports.
+  const done = () => {
+    document.body.dataset.readyMs = performance.now().toFixed(1);
+    document.body.dataset.ready = "1";
+  };
+  render().then(done, (error) => { fail(error); done(); });
+}
+
+document.addEventListener("DOMContentLoaded", route);

@@ -1,0 +1,254 @@
+"""The `looptrace` command: demo end to end, the terminal views, serve's refusals, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from looptrace import cli
+from looptrace._store import Store
+from looptrace._wire import DecodedSpan
+
+NOW = time.time_ns()
+
+
+def dspan(
+    trace: int, span: int, parent: int | None = None, name: str = "op", **kw: object
+) -> DecodedSpan:
+    start = NOW + span * 1000
+    return DecodedSpan(
+        trace_id=f"{trace:032x}",
+        span_id=f"{span:016x}",
+        parent_span_id=None if parent is None else f"{parent:016x}",
+        name=name,
+        kind=1,
+        start_ns=start,
+        end_ns=start + int(kw.get("duration", 2_500_000)),  # type: ignore[call-overload]
+        attributes=dict(kw.get("attributes", {})),  # type: ignore[call-overload]
+        events=[],
+        links=[],
+        status_code=int(kw.get("status", 0)),  # type: ignore[call-overload]
+        status_message=str(kw.get("message", "")),
+        trace_state="",
+        resource={"service.name": "svc"},
+        scope_name="t",
+        scope_version="",
+    )
+
+
+@pytest.fixture
+def store_file(tmp_path: Path) -> Path:
+    """A store with one nested trace (a failed child, payloads, lag) and one experiment."""
+    path = tmp_path / "cli.db"
+    with Store(path) as store:
+        store.write(
+            [
+                dspan(
+                    0x1AA1,
+                    1,
+                    name="handle",
+                    attributes={"input.value": '{"q": "hello"}', "output.value": '"bye"'},
+                ),
+                dspan(
+                    0x1AA1,
+                    2,
+                    parent=1,
+                    name="fetch",
+                    status=2,
+                    message="TimeoutError: slow",
+                    attributes={"looptrace.loop.lag_max_ms": 12.5},
+                ),
+                dspan(0x1AA1, 3, parent=2, name="retry"),
+                dspan(0xAA2, 1, name="other"),
+                dspan(
+                    0xE0,
+                    1,
+                    name="case 0",
+                    attributes={
+                        "looptrace.experiment.id": "e" * 32,
+                        "looptrace.experiment.name": "qa",
+                        "looptrace.case.index": 0,
+                        "looptrace.score.exact": 1.0,
+                        "output.value": '"Paris"',
+                    },
+                ),
+            ]
+        )
+    return path
+
+
+def run(store: Path, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli.main, ["--store", str(store), *args])
+    return result.exit_code, result.output
+
+
+def test_traces_lists_name_start_duration_status_and_span_count(store_file: Path) -> None:
+    """`looptrace traces` prints one line per trace, newest first, with the failure count."""
+    code, out = run(store_file, "traces")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["TRACE", "ID", "NAME", "START", "DURATION", "STATUS", "SPANS"]
+    handle = next(line for line in lines if line.startswith(f"{0x1AA1:032x}"))
+    assert "handle" in handle
+    assert "ok (1 failed)" in handle
+    assert handle.rstrip().endswith("3")
+    assert "2.5ms" in handle
+    code, out = run(store_file, "traces", "--status", "error", "--json")
+    assert code == 0
+    assert [t["trace_id"] for t in json.loads(out)["traces"]] == [f"{0x1AA1:032x}"]
+
+
+def test_show_prints_the_tree_with_status_lag_and_payloads(store_file: Path) -> None:
+    """`looptrace show PREFIX` prints parents before children with tree branches, the error
+    message, the loop lag and the start of inputs and outputs."""
+    code, out = run(store_file, "show", f"{0x1AA1:032x}"[:-2])
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0].startswith(f"trace {0x1AA1:032x}  handle")
+    names = [line for line in lines if "in:" not in line and "out:" not in line][2:]
+    assert names[0].startswith("handle  2.5ms")
+    assert names[1].startswith("└─ fetch  2.5ms  ERROR  lag 12.5ms  TimeoutError: slow")
+    assert names[2].startswith("   └─ retry")
+    assert any('in:  {"q": "hello"}' in line for line in lines)
+    assert any('out: "bye"' in line for line in lines)
+
+
+def test_show_exit_codes(store_file: Path, tmp_path: Path) -> None:
+    """Unknown id: exit 3; a prefix matching two traces: exit 2; a file that is not a store:
+    exit 1; no store yet: exit 0 with a hint to run the demo."""
+    assert run(store_file, "show", "ffff")[0] == cli.EXIT_NOT_FOUND
+    assert run(store_file, "show", "0000")[0] == cli.EXIT_USAGE
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not sqlite" * 100)
+    assert run(junk, "traces")[0] == cli.EXIT_FAILURE
+    code, out = run(tmp_path / "absent.db", "traces")
+    assert code == 0
+    assert "looptrace demo" in out
+    assert not (tmp_path / "absent.db").exists()
+
+
+def test_experiments_lists_scores_and_shows_cases(store_file: Path) -> None:
+    """`looptrace experiments` lists experiments with score means; with an id prefix it shows
+    the cases; an unknown id exits 3."""
+    code, out = run(store_file, "experiments")
+    assert code == 0
+    assert "qa" in out
+    assert "exact=1" in out
+    code, out = run(store_file, "experiments", "eeee")
+    assert code == 0
+    assert "experiment qa" in out
+    assert '"Paris"' in out
+    assert run(store_file, "experiments", "0123")[0] == cli.EXIT_NOT_FOUND
+
+
+def test_show_handles_a_very_deep_trace(tmp_path: Path) -> None:
+    """A chain of 3,000 nested spans renders (no recursion limit), one line per span."""
+    path = tmp_path / "deep.db"
+    with Store(path) as store:
+        store.write([dspan(0xD, i + 1, parent=i or None, name=f"s{i}") for i in range(3000)])
+    code, out = run(path, "show", f"{0xD:032x}", "--width", "80")
+    assert code == 0
+    assert sum(1 for line in out.splitlines() if "s2999" in line) == 1
+
+
+def test_help_everywhere() -> None:
+    """Every command answers --help with exit 0 and mentions the exit codes."""
+    for command in ([], ["demo"], ["traces"], ["show"], ["experiments"], ["serve"]):
+        result = CliRunner().invoke(cli.main, [*command, "--help"])
+        assert result.exit_code == 0, command
+        assert "Exit codes" in result.output
+
+
+def test_serve_refuses_a_public_address_without_a_token(tmp_path: Path) -> None:
+    """`serve --host 0.0.0.0` with no token exits 2 and says why, before listening."""
+    result = CliRunner().invoke(
+        cli.main, ["--store", str(tmp_path / "s.db"), "serve", "--host", "0.0.0.0"]
+    )
+    assert result.exit_code == cli.EXIT_USAGE
+    assert "without a token" in result.output
+
+
+def test_serve_says_how_to_install_the_server_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without starlette/uvicorn, `serve` exits 1 with the pip command that fixes it."""
+    import looptrace.collector as collector
+
+    def missing() -> None:
+        raise collector.MissingServerExtra(
+            f"looptrace serve needs uvicorn: install them with {collector.INSTALL_HINT}"
+        )
+
+    monkeypatch.setattr(collector, "_require_server_extra", missing)
+    result = CliRunner().invoke(cli.main, ["serve"])
+    assert result.exit_code == cli.EXIT_FAILURE
+    assert "pip install 'looptrace[server]'" in result.output
+
+
+def test_demo_runs_end_to_end_on_a_fresh_store(tmp_path: Path) -> None:
+    """`looptrace demo` on a store that does not exist yet: prints the summary and the next
+    commands, and leaves an experiment with 8 cases (one failed, with its exception), nested
+    spans with loop lag, and lag summaries; it never imports the server extra; and the
+    `show` command it suggests works."""
+    path = tmp_path / "fresh" / "demo.db"
+    env = {**os.environ, "LOOPTRACE_STORE": str(path)}
+    script = (
+        "import sys\n"
+        "from looptrace.cli import main\n"
+        "try:\n"
+        "    main(['demo'])\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code\n"
+        "assert 'starlette' not in sys.modules and 'uvicorn' not in sys.modules\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "experiment 'capitals-demo'" in out
+    assert "cases 8  errors 1" in out
+    assert "looptrace show" in out
+    with Store(path) as store:
+        (exp,) = store.list_experiments()
+        assert (exp["case_count"], exp["error_count"]) == (8, 1)
+        assert set(exp["scores"]) == {"exact_match", "brevity"}
+        detail = store.get_experiment(exp["id"])
+        assert detail is not None
+        failed = [c for c in detail["cases"] if c["status"] == "error"]
+        assert len(failed) == 1
+        assert "LookupError" in failed[0]["error"]
+        spans = store.get_trace(failed[0]["trace_id"])
+        assert {s["name"] for s in spans} >= {"case 2", "answer", "parse", "retrieve"}
+        assert any(e["name"] == "exception" for s in spans for e in s["events"])
+        assert all(s["lag_max_ms"] is not None for s in spans)
+        assert store.lag_summaries()["summaries"]
+    shown = next(line.split()[2] for line in out.splitlines() if "looptrace show" in line)
+    code, tree = run(path, "show", shown)
+    assert code == 0
+    assert "LookupError" in tree
+
+
+def test_serve_takes_the_token_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With LOOPTRACE_TOKEN set, `serve --host 0.0.0.0` starts, and the collector gets the
+    token (and the store path); the token is never printed."""
+    import looptrace.collector.app as app
+
+    calls: list[tuple[tuple[object, ...], dict[str, object]]] = []
+    monkeypatch.setattr(app, "serve", lambda *a, **kw: calls.append((a, kw)))
+    monkeypatch.setenv("LOOPTRACE_TOKEN", "tok-123")
+    result = CliRunner().invoke(
+        cli.main, ["--store", str(tmp_path / "s.db"), "serve", "--host", "0.0.0.0"]
+    )
+    assert result.exit_code == 0, result.output
+    ((args, kwargs),) = calls
+    assert args[:3] == ("0.0.0.0", 4318, tmp_path / "s.db")
+    assert kwargs["token"] == "tok-123"
+    assert "tok-123" not in result.output

@@ -1,0 +1,504 @@
+"""The local store: schema, upserts, summaries, experiments, retention, migrations, transport."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from looptrace import _otlp, _store
+from looptrace._store import SCHEMA_VERSION, Store, StoreError, StoreTransport, span_from_row
+from looptrace._wire import DecodedSpan, WireSpan
+
+NOW = time.time_ns()
+RESOURCE = {"service.name": "svc", "telemetry.sdk.name": "looptrace"}
+
+
+def dspan(
+    trace: int,
+    span: int,
+    parent: int | None = None,
+    name: str = "op",
+    start: int = 0,
+    end: int | None = 1000,
+    attributes: dict[str, Any] | None = None,
+    status: int = 0,
+    message: str = "",
+    resource: dict[str, Any] | None = None,
+) -> DecodedSpan:
+    start_ns = NOW + start
+    return DecodedSpan(
+        trace_id=f"{trace:032x}",
+        span_id=f"{span:016x}",
+        parent_span_id=None if parent is None else f"{parent:016x}",
+        name=name,
+        kind=1,
+        start_ns=start_ns,
+        end_ns=0 if end is None else start_ns + end,
+        attributes=dict(attributes or {}),
+        events=[],
+        links=[],
+        status_code=status,
+        status_message=message,
+        trace_state="",
+        resource=dict(RESOURCE if resource is None else resource),
+        scope_name="looptrace",
+        scope_version="0.1.0",
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Any:
+    s = Store(tmp_path / "s.db")
+    yield s
+    s.close()
+
+
+def test_round_trip_keeps_every_field(store: Store) -> None:
+    """A span read back is the span written: ids, times, kinds, every attribute type (bytes
+    and lists included), events, links, resource, scope, status, and the payloads."""
+    original = DecodedSpan(
+        trace_id="0af7651916cd43dd8448eb211c80319c",
+        span_id="b7ad6b7169203331",
+        parent_span_id="00f067aa0ba902b7",
+        name="fetch",
+        kind=3,
+        start_ns=NOW,
+        end_ns=NOW + 12_345,
+        attributes={
+            "s": "text",
+            "i": -(2**62),
+            "f": 1.5,
+            "b": True,
+            "raw": b"\x00\xffbytes",
+            "list": ["a", "b"],
+            "ints": [1, 2, 3],
+            "input.value": '{"q": "x"}',
+            "input.mime_type": "application/json",
+            "output.value": '"y"',
+        },
+        events=[{"name": "exception", "time_ns": NOW + 5, "attributes": {"exception.type": "E"}}],
+        links=[
+            {
+                "trace_id": "1" * 32,
+                "span_id": "2" * 16,
+                "trace_state": "k=v",
+                "attributes": {"why": "retry"},
+            }
+        ],
+        status_code=2,
+        status_message="boom",
+        trace_state="vendor=1",
+        resource={"service.name": "svc", "host.cpus": 2},
+        scope_name="my.scope",
+        scope_version="9.9",
+    )
+    store.write([original])
+    rows = store.get_trace(original.trace_id)
+    assert len(rows) == 1
+    assert span_from_row(rows[0]) == original
+    assert rows[0]["input"] == '{"q": "x"}'
+    assert rows[0]["duration_ns"] == 12_345
+
+
+def test_preview_leaves_payloads_out_of_attributes(store: Store) -> None:
+    """get_trace(preview=N) gives the first N characters of input/output and their full sizes,
+    and no payload inside attributes (a 10,000-span listing never loads whole payloads)."""
+    store.write([dspan(1, 1, attributes={"input.value": "x" * 5000, "output.value": "short"})])
+    (row,) = store.get_trace(f"{1:032x}", preview=100)
+    assert row["input"] == "x" * 100
+    assert row["input_size"] == 5000
+    assert row["output"] == "short"
+    assert "input.value" not in row["attributes"]
+
+
+def test_final_record_replaces_in_progress_but_never_the_reverse(store: Store) -> None:
+    """An in-progress snapshot (end 0, looptrace.in_progress) is replaced by the final record;
+    a late snapshot arriving after the final record changes nothing."""
+    trace = f"{7:032x}"
+    snapshot = dspan(7, 1, name="long", end=None, attributes={"looptrace.in_progress": True})
+    store.write([snapshot])
+    assert store.list_traces()[0]["status"] == "in_progress"
+    assert store.get_trace(trace)[0]["in_progress"] is True
+    final = dspan(7, 1, name="long", end=5000, status=1)
+    store.write([final])
+    store.write([snapshot])  # a retry of the old snapshot, delivered late
+    (row,) = store.get_trace(trace)
+    assert row["in_progress"] is False
+    assert row["end_ns"] == final.end_ns
+    summary = store.list_traces()[0]
+    assert summary["status"] == "ok"
+    assert summary["duration_ns"] == 5000
+
+
+def test_trace_summary_is_maintained_across_batches_and_duplicates(store: Store) -> None:
+    """The traces table counts spans and errors, takes the root's name and status and the
+    whole extent, whatever order the spans arrive in and however often a batch is resent."""
+    spans = [
+        dspan(3, 2, parent=1, name="child", start=10, end=50, status=2, message="bad"),
+        dspan(3, 3, parent=2, name="grandchild", start=20, end=3000),
+    ]
+    root = dspan(3, 1, name="root", start=0, end=100, status=1)
+    store.write(spans)
+    store.write([root])
+    store.write(spans)  # resent: no double counting
+    (summary,) = store.list_traces()
+    assert summary["name"] == "root"
+    assert summary["span_count"] == 3
+    assert summary["error_count"] == 1
+    assert summary["status"] == "ok"
+    assert summary["duration_ns"] == 3020
+    assert summary["service_name"] == "svc"
+    assert store.list_traces(status="error")[0]["trace_id"] == summary["trace_id"]
+    assert store.list_traces(status="ok") == []
+
+
+def test_list_traces_orders_filters_and_pages(store: Store) -> None:
+    """Newest first; name is a substring of the root name; status and experiment filter;
+    limit and offset page."""
+    for i in range(5):
+        attrs = {"looptrace.experiment.id": "e1"} if i % 2 else {}
+        store.write([dspan(100 + i, 1, name=f"job-{i}", start=i * 1000, attributes=attrs)])
+    names = [t["name"] for t in store.list_traces()]
+    assert names == ["job-4", "job-3", "job-2", "job-1", "job-0"]
+    assert [t["name"] for t in store.list_traces(limit=2, offset=1)] == ["job-3", "job-2"]
+    assert [t["name"] for t in store.list_traces(name="b-2")] == ["job-2"]
+    assert [t["name"] for t in store.list_traces(experiment="e1")] == ["job-3", "job-1"]
+    with pytest.raises(ValueError, match="status must be"):
+        store.list_traces(status="bogus")
+    assert store.find_trace_ids(f"{102:032x}") == [f"{102:032x}"]
+    assert len(store.find_trace_ids("00000", limit=10)) == 5
+
+
+def _experiment_spans(exp_id: str) -> list[DecodedSpan]:
+    common = {"looptrace.experiment.id": exp_id, "looptrace.experiment.name": "qa"}
+    out = [
+        dspan(
+            int(exp_id, 16),
+            1,
+            name="qa",
+            attributes={
+                **common,
+                "looptrace.experiment.metadata": '{"model": "m1"}',
+                "looptrace.experiment.tags": ["nightly"],
+            },
+        )
+    ]
+    for i in range(3):
+        attrs: dict[str, Any] = {
+            **common,
+            "looptrace.case.index": i,
+            "looptrace.case.repetition": 0,
+            "looptrace.expected.value": "Paris",
+            "input.value": f'"q{i}"',
+            "output.value": '"Paris"' if i != 1 else '"Lyon"',
+            "looptrace.score.exact": 0.0 if i == 1 else 1.0,
+            "looptrace.score.len": float(i),
+        }
+        status, message = 0, ""
+        if i == 2:
+            attrs["looptrace.score.exact.comment"] = "lucky"
+            attrs["looptrace.case.error"] = "KeyError: 'x'"
+            status, message = 2, "KeyError"
+        out.append(
+            dspan(
+                500 + i,
+                1,
+                name=f"case {i}",
+                start=10 + i,
+                attributes=attrs,
+                status=status,
+                message=message,
+            )
+        )
+        out.append(dspan(500 + i, 2, parent=1, name="answer", start=11 + i))
+    return out
+
+
+def test_experiments_cases_and_scores(store: Store) -> None:
+    """Experiment facts come from span attributes: name, metadata, tags; cases by index with
+    input, output, expected, error and scores (comments apart); score aggregates."""
+    exp_id = f"{0xE1:032x}"
+    store.write(_experiment_spans(exp_id))
+    (head,) = store.list_experiments()
+    assert head["id"] == exp_id
+    assert head["name"] == "qa"
+    assert head["metadata"] == {"model": "m1"}
+    assert head["tags"] == ["nightly"]
+    assert head["case_count"] == 3
+    assert head["error_count"] == 1
+    assert head["scores"]["exact"]["mean"] == pytest.approx(2 / 3)
+    assert head["scores"]["len"] == {"mean": 1.0, "min": 0.0, "max": 2.0, "count": 3}
+    exp = store.get_experiment(exp_id)
+    assert exp is not None
+    assert [c["case_index"] for c in exp["cases"]] == [0, 1, 2]
+    c1, c2 = exp["cases"][1], exp["cases"][2]
+    assert (c1["output"], c1["expected"], c1["scores"]) == (
+        '"Lyon"',
+        "Paris",
+        {"exact": 0.0, "len": 1.0},
+    )
+    assert c2["error"] == "KeyError: 'x'"
+    assert c2["status"] == "error"
+    assert c2["comments"] == {"exact": "lucky"}
+    assert exp["trace"]["name"] == "qa"
+    assert store.get_experiment("nope") is None
+
+
+def test_lag_summaries_and_worst_spans(store: Store) -> None:
+    """looptrace.loop.lag spans come back with their figures (prefix stripped), and spans are
+    ranked by looptrace.loop.lag_max_ms."""
+    store.write(
+        [
+            dspan(
+                8,
+                1,
+                name="looptrace.loop.lag",
+                attributes={"looptrace.loop.lag.max_ms": 12.5, "looptrace.loop.lag.count": 40},
+            ),
+            dspan(9, 2, name="slow", attributes={"looptrace.loop.lag_max_ms": 30.0}),
+            dspan(9, 3, name="fast", attributes={"looptrace.loop.lag_max_ms": 0.5}),
+        ]
+    )
+    lag = store.lag_summaries()
+    assert lag["summaries"][0]["values"] == {"max_ms": 12.5, "count": 40}
+    assert [s["name"] for s in lag["worst_spans"]] == ["slow", "fast"]
+    # Summary traces stay out of the trace list unless asked for.
+    assert [t["trace_id"] for t in store.list_traces()] == [f"{9:032x}"]
+    assert len(store.list_traces(include_lag=True)) == 2
+
+
+def test_store_file_is_wal_and_versioned(tmp_path: Path) -> None:
+    """The file is in WAL mode and records the schema version."""
+    path = tmp_path / "v.db"
+    with Store(path) as s:
+        s.write([dspan(1, 1)])
+        assert s.schema_version == SCHEMA_VERSION
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(
+        SCHEMA_VERSION
+    )
+    conn.close()
+
+
+def test_migrates_forward_and_refuses_newer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening a file made by an older schema runs the missing migrations and keeps the data;
+    a file from a newer looptrace is refused with a clear error."""
+    path = tmp_path / "m.db"
+    with Store(path) as s:
+        s.write([dspan(1, 1, name="kept")])
+
+    def add_note_column(conn: sqlite3.Connection) -> None:
+        conn.execute("ALTER TABLE traces ADD COLUMN note TEXT")
+
+    monkeypatch.setattr(_store, "_MIGRATIONS", [*_store._MIGRATIONS, add_note_column])
+    monkeypatch.setattr(_store, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    with Store(path) as s:
+        assert s.schema_version == SCHEMA_VERSION + 1
+        assert s.list_traces()[0]["name"] == "kept"
+    monkeypatch.undo()
+    with pytest.raises(StoreError, match="newer looptrace"), Store(path) as s:
+        s.list_traces()
+
+
+def test_refuses_a_file_that_is_not_a_store(tmp_path: Path) -> None:
+    """An SQLite file with other tables is not silently taken over."""
+    path = tmp_path / "other.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE users (id INTEGER)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError, match="not a looptrace store"), Store(path) as s:
+        s.list_traces()
+
+
+def test_a_failed_write_leaves_nothing_behind(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch is one transaction: when any part fails, none of its spans are stored."""
+    store.write([dspan(1, 1)])
+
+    def broken(conn: sqlite3.Connection, trace_ids: list[str]) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(store, "_update_traces", broken)
+    with pytest.raises(sqlite3.OperationalError):
+        store.write([dspan(2, 1), dspan(2, 2, parent=1)])
+    monkeypatch.undo()
+    assert store.get_trace(f"{2:032x}") == []
+    assert [t["trace_id"] for t in store.list_traces()] == [f"{1:032x}"]
+
+
+def test_retention_by_age_deletes_old_traces_and_their_experiments(tmp_path: Path) -> None:
+    """Traces that started before max_age_days are deleted with their spans and scores; an
+    experiment with no traces left goes too; recent traces stay."""
+    day = 86_400 * 10**9
+    with Store(tmp_path / "r.db", max_age_days=7) as s:
+        s.write(
+            [
+                dspan(
+                    1,
+                    1,
+                    name="old",
+                    start=-10 * day,
+                    attributes={
+                        "looptrace.experiment.id": "e",
+                        "looptrace.case.index": 0,
+                        "looptrace.score.x": 1.0,
+                    },
+                ),
+                dspan(2, 1, name="new", start=-1 * day),
+            ]
+        )
+        # The first write pruned already; say so explicitly too.
+        s.prune()
+        assert [t["name"] for t in s.list_traces()] == ["new"]
+        assert s.get_trace(f"{1:032x}") == []
+        assert s.list_experiments() == []
+
+
+def test_retention_by_size_keeps_the_newest(tmp_path: Path) -> None:
+    """Past max_bytes, the oldest traces go until the store is under the limit again."""
+    limit = 400_000
+    with Store(tmp_path / "size.db", max_bytes=limit) as s:
+        s.max_bytes = None  # fill first, prune once
+        for i in range(60):
+            s.write([dspan(1000 + i, 1, start=i, attributes={"input.value": "x" * 20_000})])
+        s.max_bytes = limit
+        deleted = s.prune()
+        assert deleted > 0
+        assert s.stats()["bytes"] <= limit
+        remaining = {t["trace_id"] for t in s.list_traces(limit=100)}
+        assert f"{1059:032x}" in remaining
+        assert f"{1000:032x}" not in remaining
+
+
+def test_two_writers_on_one_file_lose_nothing(tmp_path: Path) -> None:
+    """Two Store objects on one file (a program and `looptrace serve`), writing from several
+    threads at once, wait for each other instead of failing."""
+    path = tmp_path / "shared.db"
+    stores = [Store(path), Store(path)]
+    errors: list[BaseException] = []
+
+    def writer(n: int) -> None:
+        try:
+            for i in range(10):
+                stores[n % 2].write([dspan(n * 1000 + i, j + 1) for j in range(5)])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert stores[0].stats()["spans"] == 4 * 10 * 5
+    for s in stores:
+        s.close()
+
+
+def _request(spans: list[WireSpan], encoding: str = "protobuf") -> bytes:
+    resource = _otlp.Resource([("service.name", "svc")], "looptrace", "0.1.0")
+    return _otlp.encode_request([_otlp.encode_span(w, encoding) for w in spans], resource, encoding)
+
+
+def _wire(trace: int, span: int, name: str = "op") -> WireSpan:
+    return WireSpan(trace, span, 0, name, 1, NOW, NOW + 10, [("k", "v")], [], [], 0, "")
+
+
+async def test_store_transport_commits_before_answering(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """StoreTransport decodes and writes in a worker thread (never on the loop) and answers 200
+    after the spans are in the store; it reads headers whatever their case."""
+    transport = StoreTransport(tmp_path / "t.db", max_age_days=None, max_bytes=None)
+    threads: list[int] = []
+    real_write = Store.write
+
+    def spy(self: Store, spans: Any) -> None:
+        threads.append(threading.get_ident())
+        real_write(self, spans)
+
+    monkeypatch.setattr(Store, "write", spy)
+    body, encoding = _otlp.compress(_request([_wire(5, 1), _wire(5, 2)]), "gzip")
+    response = await transport.send(
+        body, {"Content-Type": "application/x-protobuf", "Content-Encoding": str(encoding)}
+    )
+    assert response.status == 200
+    assert threads
+    assert threads[0] != threading.get_ident()
+    assert transport.store.list_traces()[0]["span_count"] == 2
+    json_response = await transport.send(
+        _request([_wire(6, 1)], "json"), {"content-type": "application/json"}
+    )
+    assert json_response.status == 200
+    assert len(transport.store.list_traces()) == 2
+    await transport.aclose()
+
+
+async def test_store_transport_rejects_a_malformed_body(tmp_path: Path) -> None:
+    """A body that does not decode gets a 400 with the reason, and the store is unchanged."""
+    transport = StoreTransport(tmp_path / "t.db", max_age_days=None, max_bytes=None)
+    response = await transport.send(b"\x0a\xff\xff", {"content-type": "application/x-protobuf"})
+    assert response.status == 400
+    assert response.body
+    assert not (tmp_path / "t.db").exists() or transport.store.list_traces() == []
+    await transport.aclose()
+
+
+async def test_store_transport_answers_503_when_the_store_is_locked(tmp_path: Path) -> None:
+    """A store held locked past the busy timeout gets a 503 (the pipeline retries), not an
+    exception."""
+    path = tmp_path / "locked.db"
+    with Store(path) as s:
+        s.write([dspan(1, 1)])
+    transport = StoreTransport(path, max_age_days=None, max_bytes=None)
+    transport._store = Store(path, busy_timeout=0.05)
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        response = await transport.send(
+            _request([_wire(8, 1)]), {"content-type": "application/x-protobuf"}
+        )
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert response.status == 503
+    await transport.aclose()
+
+
+def test_store_transport_takes_retention_from_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Built with only a path (as the pipeline does), retention follows the configuration."""
+    monkeypatch.setenv("LOOPTRACE_STORE_MAX_AGE_DAYS", "3")
+    monkeypatch.setenv("LOOPTRACE_STORE_MAX_BYTES", "123456")
+    monkeypatch.setattr(_store._state, "config", None)
+    transport = StoreTransport(tmp_path / "c.db")
+    assert (transport.store.max_age_days, transport.store.max_bytes) == (3.0, 123456)
+    asyncio.run(transport.aclose())
+
+
+def test_store_transport_reopens_after_fork(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a forked child (another pid), the transport opens its own connections instead of
+    using the parent's, and writes still land."""
+    transport = StoreTransport(tmp_path / "f.db", max_age_days=None, max_bytes=None)
+    parent_store = transport.store
+    monkeypatch.setattr(_store.os, "getpid", lambda: -1)
+    child_store = transport.store
+    assert child_store is not parent_store
+    child_store.write([dspan(1, 1)])
+    assert parent_store.list_traces()[0]["trace_id"] == f"{1:032x}"
+    child_store.close()
+    parent_store.close()

@@ -1,0 +1,542 @@
+"""The web viewer (``looptrace serve``): pages driven in a real headless chromium against a real
+collector whose store was filled by ``looptrace demo``.
+
+Browser tests need Debian's chromium at /usr/bin/chromium (``apt-get install chromium``); they
+are skipped with a reason when it is absent. Screenshots go to docs/img/ only with
+LOOPTRACE_SAVE_SCREENSHOTS=1 (that is how the committed images are made), else to tmp_path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from looptrace import _semconv as sc
+from looptrace._store import Store
+from looptrace._wire import DecodedSpan
+
+uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("starlette")
+
+from looptrace.collector import viewer  # noqa: E402
+from looptrace.collector.app import create_app  # noqa: E402
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ROOT = Path(__file__).resolve().parent.parent
+XSS_NAME = "<script>window.__xss=1</script>"
+XSS_ATTR = '<img src=x onerror="window.__xss=2"><b>bold</b>'
+BIG_OUTPUT_CHARS = 5000
+
+browser_test = pytest.mark.browser
+needs_chromium = pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)",
+)
+
+
+# --------------------------------------------------------------------------------------------
+# a store filled by the demo, plus a few hand-made traces for what the demo does not show
+
+
+def _span(
+    trace: int, span: int, parent: int | None, name: str, start: int, end: int, **kw: Any
+) -> DecodedSpan:
+    return DecodedSpan(
+        trace_id=f"{trace:032x}",
+        span_id=f"{span:016x}",
+        parent_span_id=None if parent is None else f"{parent:016x}",
+        name=name,
+        kind=1,
+        start_ns=start,
+        end_ns=end,
+        attributes=kw.get("attributes", {}),
+        events=kw.get("events", []),
+        links=[],
+        status_code=kw.get("status_code", 0),
+        status_message="",
+        trace_state="",
+        resource={"service.name": "viewer-test"},
+        scope_name="test",
+        scope_version="0",
+    )
+
+
+# Far older than the demo's traces, so they sit at the end of the list, off the screenshots.
+_OLD = time.time_ns() - 3600 * 10**9
+XSS_TRACE = f"{0xA1:032x}"
+OPEN_TRACE = f"{0xA2:032x}"
+
+
+def _extra_spans() -> list[DecodedSpan]:
+    ms = 10**6
+    return [
+        _span(0xA1, 1, None, XSS_NAME, _OLD, _OLD + 5 * ms, attributes={"note": XSS_ATTR}),
+        _span(
+            0xA1,
+            2,
+            1,
+            "child",
+            _OLD + ms,
+            _OLD + 2 * ms,
+            attributes={sc.INPUT_VALUE: '{"html": "<script>window.__xss=3</script>"}'},
+        ),
+        _span(0xA2, 1, None, "long job", _OLD + 10 * ms, 0, attributes={sc.IN_PROGRESS: True}),
+        _span(
+            0xA2,
+            2,
+            1,
+            "big step",
+            _OLD + 11 * ms,
+            _OLD + 30 * ms,
+            attributes={sc.OUTPUT_VALUE: '"' + "x" * BIG_OUTPUT_CHARS + '"'},
+        ),
+    ]
+
+
+def _run_demo(store: Path, cases: int) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPTRACE_")}
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "looptrace.cli",
+            "--store",
+            str(store),
+            "demo",
+            "--cases",
+            str(cases),
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store filled by two runs of `looptrace demo` plus the hand-made traces above."""
+    path = tmp_path_factory.mktemp("viewer") / "traces.db"
+    # Two runs of the demo: two experiments to compare.
+    _run_demo(path, 6)
+    _run_demo(path, 8)
+    with Store(path) as store:
+        store.write(_extra_spans())
+    return path
+
+
+@pytest.fixture(scope="module")
+def store(store_path: Path) -> Iterator[Store]:
+    """The same store, read directly: what the pages must agree with."""
+    with Store(store_path) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def base_url(store_path: Path) -> Iterator[str]:
+    """The collector app with the viewer's routes, on uvicorn at an ephemeral port."""
+    app = create_app(store_path, extra_routes=viewer.routes())
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert thread.is_alive(), "the collector exited while starting"
+        assert time.monotonic() < deadline, "the collector did not start within 10 s"
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's headless chromium driven by Playwright (never a downloaded browser)."""
+    if not CHROMIUM.exists():
+        pytest.skip("needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Any, base_url: str) -> Iterator[Any]:
+    """A fresh tab; the test fails if the page logs a script error or a CSP violation."""
+    context = browser.new_context(viewport={"width": 1280, "height": 800}, base_url=base_url)
+    context.set_default_timeout(5000)
+    tab = context.new_page()
+    problems: list[str] = []
+    tab.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+    tab.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    yield tab
+    context.close()
+    assert problems == []
+
+
+def _open(page: Any, path: str) -> None:
+    page.goto(path)
+    page.wait_for_selector("body[data-ready='1']")
+
+
+def _shot(page: Any, name: str, tmp_path: Path) -> Path:
+    if os.environ.get("LOOPTRACE_SAVE_SCREENSHOTS") == "1":
+        target = ROOT / "docs" / "img" / f"viewer-{name}.png"
+    else:
+        target = tmp_path / f"viewer-{name}.png"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(target))
+    assert target.stat().st_size > 0
+    return target
+
+
+def _demo_case(store: Store, *, error: bool, experiment_index: int = 0) -> dict[str, Any]:
+    experiment = store.list_experiments()[experiment_index]
+    full = store.get_experiment(experiment["id"])
+    assert full is not None
+    return next(c for c in full["cases"] if (c["status"] == "error") == error)
+
+
+# --------------------------------------------------------------------------------------------
+# pages in the browser
+
+
+@browser_test
+@needs_chromium
+def test_trace_list_shows_the_stores_newest_traces(page: Any, store: Store, tmp_path: Path) -> None:
+    """The list page shows the newest traces in the store, newest first, with their span
+    counts, and links each to its own page."""
+    _open(page, "/")
+    expected = store.list_traces(limit=50)
+    rows = page.locator("table.traces tbody tr")
+    assert rows.count() == len(expected)
+    assert [r.get_attribute("data-trace-id") for r in rows.all()] == [
+        t["trace_id"] for t in expected
+    ]
+    first = rows.nth(0)
+    assert first.locator("td").nth(0).inner_text() == expected[0]["name"]
+    assert first.locator("td").nth(4).inner_text() == str(expected[0]["span_count"])
+    assert first.locator("a").first.get_attribute("href") == f"/traces/{expected[0]['trace_id']}"
+    assert "capitals-demo" in page.locator("table.traces").inner_text()
+    _shot(page, "traces", tmp_path)
+
+
+@browser_test
+@needs_chromium
+def test_trace_list_filters_and_pages(page: Any, store: Store) -> None:
+    """The filter form narrows the list by status and name through the address bar, and the
+    pager moves by whole pages."""
+    _open(page, "/")
+    page.select_option("select[name=status]", "error")
+    page.click("form.filters button[type=submit]")
+    page.wait_for_url(re.compile(r"status=error"))
+    page.wait_for_selector("body[data-ready='1']")
+    errors = store.list_traces(limit=50, status="error")
+    assert errors, "the demo has a failing case"
+    ids = [r.get_attribute("data-trace-id") for r in page.locator("table.traces tbody tr").all()]
+    assert ids == [t["trace_id"] for t in errors]
+
+    _open(page, "/?name=case%201")
+    named = store.list_traces(limit=50, name="case 1")
+    assert page.locator("table.traces tbody tr").count() == len(named) > 0
+
+    total = len(store.list_traces(limit=1000))
+    _open(page, "/?offset=2")
+    assert page.locator("table.traces tbody tr").count() == min(50, total - 2)
+    assert page.locator(".pager").inner_text().startswith("← newer")
+
+
+@browser_test
+@needs_chromium
+def test_clicking_a_trace_opens_its_waterfall_and_a_span_shows_inputs_and_outputs(
+    page: Any, store: Store, tmp_path: Path
+) -> None:
+    """From the list, a trace opens as a waterfall with one row per span, nested under its
+    parent; clicking a span shows its input and output as pretty-printed JSON."""
+    case = _demo_case(store, error=False)
+    _open(page, "/")
+    page.click(f"tr[data-trace-id='{case['trace_id']}'] a")
+    page.wait_for_url(f"**/traces/{case['trace_id']}")
+    page.wait_for_selector("body[data-ready='1']")
+    spans = store.get_trace(case["trace_id"])
+    assert page.locator(".wf-row").count() == len(spans)
+    root = page.locator(".wf-row").nth(0)
+    child = page.locator(".wf-row", has_text="generate")
+    root_pad = root.locator(".label").evaluate("e => parseFloat(e.style.paddingLeft)")
+    child_pad = child.locator(".label").evaluate("e => parseFloat(e.style.paddingLeft)")
+    assert child_pad > root_pad
+
+    child.click()
+    page.wait_for_url(re.compile(r"#span="))
+    generate = next(s for s in spans if s["name"] == "generate")
+    panel = page.locator("#span-panel")
+    panel.locator("h2", has_text="generate").wait_for()
+    blocks = panel.locator("pre.json")
+    assert "What is the capital of" in blocks.nth(0).inner_text()
+    # Pretty-printed: the stored compact JSON comes back indented.
+    assert "\n  " in blocks.nth(0).inner_text()
+    assert blocks.nth(1).inner_text().strip('"') == generate["attributes"][sc.OUTPUT_VALUE].strip(
+        '"'
+    )
+    assert page.locator(".wf-row.selected").get_attribute("data-span-id") == generate["span_id"]
+    _shot(page, "trace", tmp_path)
+
+
+@browser_test
+@needs_chromium
+def test_a_failing_case_shows_red_spans_and_its_exception(page: Any, store: Store) -> None:
+    """Spans with error status are drawn red, and the panel shows the exception's type and
+    message."""
+    case = _demo_case(store, error=True)
+    spans = store.get_trace(case["trace_id"])
+    failed = [s for s in spans if s["status_code"] == 2]
+    _open(page, f"/traces/{case['trace_id']}")
+    assert page.locator(".wf-row.error").count() == len(failed) > 0
+    color = page.locator(".wf-row.error .bar").first.evaluate(
+        "e => getComputedStyle(e).backgroundColor"
+    )
+    assert color == "rgb(214, 59, 59)"
+    retrieve = next(s for s in failed if s["name"] == "retrieve")
+    page.click(f".wf-row[data-span-id='{retrieve['span_id']}']")
+    page.locator("#span-panel .exception").wait_for()
+    assert "LookupError" in page.locator("#span-panel .exception").inner_text()
+
+
+@browser_test
+@needs_chromium
+def test_spans_that_saw_loop_lag_are_marked(page: Any, store: Store) -> None:
+    """A span whose loop lag max is above 10 ms carries a lag marker with the figure."""
+    lagged = store.lag_summaries(worst=1)["worst_spans"]
+    assert lagged, "the demo runs under a lag monitor"
+    assert lagged[0]["lag_max_ms"] > 10, "the demo blocks the loop for 15 ms"
+    worst = lagged[0]
+    _open(page, f"/traces/{worst['trace_id']}#span={worst['span_id']}")
+    row = page.locator(f".wf-row[data-span-id='{worst['span_id']}']")
+    assert f"lag {worst['lag_max_ms']:.1f} ms" in row.locator(".lag-mark").inner_text()
+    assert "lagged" in (row.locator(".bar").get_attribute("class") or "")
+    assert page.locator(".wf-row.selected").get_attribute("data-span-id") == worst["span_id"]
+
+
+@browser_test
+@needs_chromium
+def test_in_progress_spans_are_open_ended_and_large_values_collapsed(page: Any) -> None:
+    """An in-progress span is drawn to the end of the axis with the open style; an output past
+    2 KB starts collapsed and opens on click."""
+    _open(page, f"/traces/{OPEN_TRACE}")
+    open_bar = page.locator(f".wf-row[data-span-id='{1:016x}'] .bar")
+    assert "open" in (open_bar.get_attribute("class") or "")
+    left = open_bar.evaluate("e => parseFloat(e.style.left) + parseFloat(e.style.width)")
+    assert left == pytest.approx(100, abs=0.01)
+    page.click(f".wf-row[data-span-id='{2:016x}']")
+    details = page.locator("#span-panel details", has_text="KB")
+    details.wait_for()
+    assert details.get_attribute("open") is None
+    assert not details.locator("pre").is_visible()
+    details.locator("summary").click()
+    assert len(details.locator("pre").inner_text()) >= BIG_OUTPUT_CHARS
+
+
+@browser_test
+@needs_chromium
+def test_span_data_renders_as_text_never_as_html(page: Any) -> None:
+    """A span named <script>..., an attribute holding HTML and an input holding a script tag
+    all appear as literal text: nothing runs and no element is created from them."""
+    _open(page, f"/traces/{XSS_TRACE}")
+    assert page.locator("h1").inner_text() == XSS_NAME
+    assert page.locator(".wf-row .name").first.inner_text() == XSS_NAME
+    page.locator("#span-panel td", has_text="<img").wait_for()
+    assert page.locator("#span-panel").inner_text().count(XSS_ATTR) == 1
+    page.click(f".wf-row[data-span-id='{2:016x}']")
+    page.locator("#span-panel pre.json", has_text="window.__xss=3").wait_for()
+    assert page.evaluate("window.__xss") is None
+    assert page.locator("main img, main b, main script").count() == 0
+    _open(page, "/?offset=0&name=" + "%3Cscript%3E")
+    assert page.locator("table.traces tbody td a").first.inner_text() == XSS_NAME
+    assert page.evaluate("window.__xss") is None
+
+
+@browser_test
+@needs_chromium
+def test_experiment_pages_show_the_demos_scores(page: Any, store: Store, tmp_path: Path) -> None:
+    """The experiments table shows each experiment's case count, errors and score means; one
+    experiment lists every case with input, output, expected and scores, linked to its trace."""
+    experiments = store.list_experiments()
+    _open(page, "/experiments")
+    rows = page.locator("table.experiments tbody tr")
+    assert [r.get_attribute("data-experiment-id") for r in rows.all()] == [
+        e["id"] for e in experiments
+    ]
+    newest = experiments[0]
+    text = rows.nth(0).inner_text()
+    assert str(newest["case_count"]) in text
+    for score in newest["scores"].values():
+        assert f"{score['mean']:.3f}" in text
+    _shot(page, "experiments", tmp_path)
+
+    rows.nth(0).locator("a").click()
+    page.wait_for_url(f"**/experiments/{newest['id']}")
+    page.wait_for_selector("body[data-ready='1']")
+    full = store.get_experiment(newest["id"])
+    assert full is not None
+    cases = page.locator("table.cases tbody tr")
+    assert cases.count() == len(full["cases"])
+    for name, agg in full["scores"].items():
+        assert f"{agg['mean']:.3f}" in page.locator(f".card[data-score='{name}']").inner_text()
+    first = full["cases"][0]
+    row = cases.nth(0)
+    assert "What is the capital of" in row.inner_text()
+    assert str(first["expected"]).strip('"') in row.inner_text()
+    href = row.locator("a", has_text="trace").get_attribute("href")
+    assert href == f"/traces/{first['trace_id']}#span={first['span_id']}"
+    _shot(page, "experiment", tmp_path)
+
+
+@browser_test
+@needs_chromium
+def test_two_experiments_compare_by_score(page: Any, store: Store, tmp_path: Path) -> None:
+    """Ticking two experiments and pressing Compare shows both score means and their
+    difference, and the cases side by side."""
+    a, b = store.list_experiments()[:2]
+    _open(page, "/experiments")
+    page.check(f"input[data-experiment-id='{a['id']}']")
+    assert page.locator("#compare").is_disabled()
+    page.check(f"input[data-experiment-id='{b['id']}']")
+    page.click("#compare")
+    page.wait_for_url(re.compile(r"/compare\?a="))
+    page.wait_for_selector("body[data-ready='1']")
+    for name in a["scores"]:
+        row = page.locator(f"table.compare-summary tr[data-score='{name}']").inner_text()
+        assert f"{a['scores'][name]['mean']:.3f}" in row
+        assert f"{b['scores'][name]['mean']:.3f}" in row
+    indexes = {c["case_index"] for e in (a, b) for c in store.get_experiment(e["id"])["cases"]}  # type: ignore[index]
+    assert page.locator("table.compare-cases tbody tr").count() == len(indexes)
+    _shot(page, "compare", tmp_path)
+
+
+@browser_test
+@needs_chromium
+def test_lag_page_charts_every_summary(page: Any, store: Store, tmp_path: Path) -> None:
+    """The lag page draws p99 and max lines with one point per lag summary in the store, and
+    lists the spans that saw the most lag."""
+    summaries = store.lag_summaries(limit=500)["summaries"]
+    assert summaries, "the demo runs a lag monitor with summaries"
+    _open(page, "/lag")
+    assert page.locator("#lag-chart circle.dot-p99").count() == len(summaries)
+    assert page.locator("#lag-chart polyline.max").count() >= 1
+    assert page.locator("table.worst tbody tr").count() > 0
+    _shot(page, "lag", tmp_path)
+
+
+# --------------------------------------------------------------------------------------------
+# HTTP-level guarantees (no browser needed)
+
+
+def test_pages_carry_a_strict_content_security_policy(base_url: str) -> None:
+    """Every viewer page and static file is sent with a CSP that allows only this origin and
+    no inline script, and the shell has no inline script to allow."""
+    with httpx.Client(base_url=base_url) as client:
+        for path in (
+            "/",
+            "/traces/abc",
+            "/experiments",
+            "/experiments/x",
+            "/compare",
+            "/lag",
+            "/static/viewer.js",
+            "/static/viewer.css",
+        ):
+            response = client.get(path)
+            assert response.status_code == 200, path
+            csp = response.headers["content-security-policy"]
+            assert "default-src 'self'" in csp
+            assert "script-src 'self'" in csp
+            assert "unsafe-inline" not in csp
+            assert response.headers["x-content-type-options"] == "nosniff"
+        html = client.get("/").text
+    scripts = re.findall(r"<script\b[^>]*>(.*?)</script>", html, re.S)
+    assert scripts
+    assert all(body.strip() == "" for body in scripts)
+    assert "http://" not in html
+    assert "https://" not in html
+
+
+def test_static_files_use_no_html_sinks_and_no_remote_assets() -> None:
+    """The viewer script never hands data to an HTML parser (innerHTML, outerHTML,
+    insertAdjacentHTML, document.write) and nothing loads from the internet."""
+    for path in viewer.STATIC_DIR.iterdir():
+        text = path.read_text()
+        for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
+            assert sink not in text, f"{path.name} uses {sink}"
+        assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//", text), path.name
+
+
+def test_looptrace_serve_serves_the_viewer(store_path: Path) -> None:
+    """The real `looptrace serve` command serves the viewer shell and its script next to the
+    API, on the port it is given."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPTRACE_")}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "looptrace.cli",
+            "--store",
+            str(store_path),
+            "serve",
+            "--port",
+            str(port),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 15
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+            while True:
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                try:
+                    response = client.get("/")
+                    break
+                except httpx.TransportError:
+                    assert time.monotonic() < deadline, "looptrace serve did not answer in 15 s"
+                    time.sleep(0.05)
+            assert response.status_code == 200
+            assert '<script src="/static/viewer.js"' in response.text
+            assert client.get("/static/viewer.js").status_code == 200
+            assert client.get("/api/traces?limit=1").json()["traces"]
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
