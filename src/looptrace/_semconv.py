@@ -34,3 +34,19 @@ EXPERIMENT_NAME = "looptrace.experiment.name"
 CASE_INDEX = "looptrace.case.index"
 EXPECTED_VALUE = "looptrace.expected.value"
 SCORE_PREFIX = "looptrace.score."
+
+# Evaluations (see docs/evals.md; the store reads these, keep them stable).
+SPAN_TYPE_EXPERIMENT = "experiment"
+SPAN_TYPE_CASE = "case"
+EXPERIMENT_METADATA = "looptrace.experiment.metadata"
+EXPERIMENT_TAGS = "looptrace.experiment.tags"
+EXPERIMENT_CASES = "looptrace.experiment.cases"
+EXPERIMENT_ERRORS = "looptrace.experiment.errors"
+CASE_REPETITION = "looptrace.case.repetition"
+CASE_METADATA = "looptrace.case.metadata"
+CASE_ERROR = "looptrace.case.error"
+CASE_DURATION_MS = "looptrace.case.duration_ms"
+# A score is the double at SCORE_PREFIX + name; its comment is the string at
+# SCORE_PREFIX + name + SCORE_COMMENT_SUFFIX (told apart by type: scores are never strings).
+SCORE_COMMENT_SUFFIX = ".comment"
+SCORER_ERROR_PREFIX = "looptrace.scorer_error."
