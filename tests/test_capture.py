@@ -541,3 +541,12 @@ def test_inputs_are_snapshotted_against_later_appends() -> None:
         big.append(-1)
     assert spans[0].inputs == {"messages": ["hi"], "options": {"n": 1}}
     assert spans[1].inputs["messages"] is big
+
+
+def test_capture_fills_live_inside_the_block() -> None:
+    """Spans appear in the capture as soon as they end, not only when the block exits."""
+    with capture_spans() as spans:
+        add(1)
+        assert spans.names() == ["add"]
+        add(2)
+        assert len(spans) == 2

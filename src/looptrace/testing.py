@@ -29,8 +29,8 @@ __all__ = ["InMemorySink", "SpanCapture", "capture_spans", "deterministic_ids"]
 class InMemorySink:
     """A sink that keeps every ended span in a list, in the order they ended."""
 
-    def __init__(self) -> None:
-        self.spans: list[Span] = []
+    def __init__(self, spans: list[Span] | None = None) -> None:
+        self.spans: list[Span] = [] if spans is None else spans
         self.started: list[Span] = []
         self._lock = threading.Lock()
 
@@ -107,8 +107,9 @@ def capture_spans(*, deterministic: bool = False, **config: Any) -> Iterator[Spa
     from ._config import Config
 
     saved_sink, saved_config = _state.sink, _state.config
-    sink = InMemorySink()
     capture = SpanCapture()
+    # The capture is the sink's own list, so it fills live, as spans end inside the block.
+    sink = InMemorySink(capture)
     base = saved_config if saved_config is not None else Config.from_env()
     _state.apply_config(base.replace(**{"disabled": False, **config}))
     _state.sink = sink
@@ -116,9 +117,7 @@ def capture_spans(*, deterministic: bool = False, **config: Any) -> Iterator[Spa
     try:
         with ctx:
             yield capture
-            capture.extend(sink.spans)
     finally:
-        capture[:] = list(sink.spans)
         _state.sink = saved_sink
         if saved_config is not None:
             _state.apply_config(saved_config)
