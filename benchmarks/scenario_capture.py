@@ -20,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 
-import looptrace  # noqa: E402
+import looptrace
 
 CALLS = 20_000
 ROUNDS = 7

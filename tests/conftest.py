@@ -13,7 +13,11 @@ import pytest
 os.environ["LOOPTRACE_RAISE_INTERNAL_ERRORS"] = "1"
 os.environ["PYTHONASYNCIODEBUG"] = "1"
 for _name in list(os.environ):
-    if _name.startswith(("LOOPTRACE_", "OTEL_")) and _name != "LOOPTRACE_RAISE_INTERNAL_ERRORS":
+    # LOOPTRACE_SAVE_SCREENSHOTS is a test-run switch (tests/test_viewer.py), not a setting.
+    if _name.startswith(("LOOPTRACE_", "OTEL_")) and _name not in (
+        "LOOPTRACE_RAISE_INTERNAL_ERRORS",
+        "LOOPTRACE_SAVE_SCREENSHOTS",
+    ):
         del os.environ[_name]
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -24,3 +28,15 @@ def _isolated_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
     """Every test gets its own store path, so nothing lands in ~/.local/share."""
     monkeypatch.setenv("LOOPTRACE_STORE", str(tmp_path / "store.db"))
     yield
+
+
+@pytest.fixture(autouse=True)
+def _reset_pipeline() -> Iterator[None]:
+    """After each test: stop the export pipeline (no flusher leaks into the next test) and go
+    back to the configuration in the environment."""
+    yield
+    from looptrace import _pipeline, _state
+
+    _pipeline.shutdown_sync(timeout=2.0)
+    _pipeline._last_stats[0] = None
+    _state.config = None

@@ -1,0 +1,203 @@
+"""Where request bodies go: a small ``Transport`` protocol, the HTTP one, an in-memory one for
+tests, and the retry policy that decides what a response means.
+
+    Transport.send(body, headers) -> Response      (connection trouble raises OSError or
+                                                    httpx.TransportError, nothing else)
+    RetryPolicy.classify(status) -> "ok" | "retry" | "split" | "reject"
+    RetryPolicy.delay(attempt, retry_after) -> seconds (exponential, full jitter)
+
+The pipeline owns the loop and the concurrency; a transport only sends one body at a time per
+call and may be called concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import email.utils
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar
+
+import httpx
+
+Verdict = Literal["ok", "retry", "split", "reject"]
+
+# Statuses worth another try (the OTLP/HTTP spec's list plus the rest of 5xx).
+_RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
+
+
+T = TypeVar("T")
+
+
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn`` in the loop's default executor; inline when no executor can run any more
+    (interpreter exit: the flusher still has to drain, and blocking its private loop is fine)."""
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except RuntimeError as exc:
+        if "shutdown" not in str(exc):
+            raise
+        return fn(*args)
+
+
+class Response(NamedTuple):
+    """What a backend answered."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+class Transport(Protocol):
+    """Sends one encoded OTLP request body. May be called concurrently."""
+
+    async def send(self, body: bytes, headers: Mapping[str, str]) -> Response:
+        """POST ``body``; raise ``OSError`` / ``httpx.TransportError`` when nothing was answered."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections. Called once, on the loop that sent."""
+        ...
+
+
+class HttpTransport:
+    """OTLP/HTTP over an ``httpx.AsyncClient``, created on first use on the sending loop.
+
+    An AsyncClient's connection pool belongs to one event loop, so each flusher home (one loop)
+    gets its own HttpTransport.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = 10.0,
+        max_connections: int = 8,
+    ) -> None:
+        self.url = url
+        self._headers = dict(headers or {})
+        self._timeout = timeout
+        self._max_connections = max_connections
+        self._client: httpx.AsyncClient | None = None
+
+    def __repr__(self) -> str:
+        # Headers carry API keys: never show their values.
+        return f"HttpTransport({self.url!r}, headers=<{len(self._headers)} redacted>)"
+
+    async def send(self, body: bytes, headers: Mapping[str, str]) -> Response:
+        client = self._client
+        if client is None:
+            # Building a client loads the TLS trust store (tens to hundreds of milliseconds):
+            # done in a worker thread, never on the loop.
+            client = await off_loop(self._new_client)
+            if self._client is None:
+                self._client = client
+            else:  # another send built one meanwhile
+                await client.aclose()
+                client = self._client
+        resp = await client.post(self.url, content=body, headers=dict(headers))
+        return Response(resp.status_code, resp.headers, resp.content)
+
+    def _new_client(self) -> httpx.AsyncClient:
+        # httpx imports its async backend on the first request; do it here, off the loop.
+        import anyio._backends._asyncio
+        import anyio.streams.tls  # noqa: F401
+
+        return httpx.AsyncClient(
+            headers=self._headers,
+            timeout=self._timeout,
+            limits=httpx.Limits(
+                max_connections=self._max_connections,
+                max_keepalive_connections=self._max_connections,
+            ),
+            # Proxies from the environment would silently reroute telemetry; OTLP exporters
+            # talk to the endpoint they are given.
+            trust_env=False,
+        )
+
+    async def aclose(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+
+class InMemoryTransport:
+    """Keeps every request; answers from a script of responses (default: 200).
+
+    ``script`` items are ``Response`` objects, status ints, or exceptions to raise.
+    """
+
+    def __init__(self, script: list[Response | int | BaseException] | None = None) -> None:
+        self.requests: list[tuple[bytes, dict[str, str]]] = []
+        self.script: collections.deque[Response | int | BaseException] = collections.deque(
+            script or ()
+        )
+        self.closed = False
+
+    async def send(self, body: bytes, headers: Mapping[str, str]) -> Response:
+        self.requests.append((body, dict(headers)))
+        if self.script:
+            item = self.script.popleft()
+            if isinstance(item, BaseException):
+                raise item
+            if isinstance(item, int):
+                return Response(item, {}, b"")
+            return item
+        return Response(200, {}, b"")
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter, bounded by ``max_delay`` and a total ``budget``."""
+
+    base_delay: float = 0.1
+    max_delay: float = 5.0
+    budget: float = 60.0
+
+    @staticmethod
+    def classify(status: int) -> Verdict:
+        """What to do with a batch answered with ``status``."""
+        if 200 <= status < 300:
+            return "ok"
+        if status in _RETRYABLE or 500 <= status < 600:
+            return "retry"
+        if status == 413:
+            return "split"
+        return "reject"
+
+    def delay(self, attempt: int, retry_after: float | None = None) -> float:
+        """Seconds to wait before retry number ``attempt`` (0-based).
+
+        Full jitter spreads clients that failed together; a server's Retry-After is a floor.
+        """
+        ceiling = min(self.max_delay, self.base_delay * (2 ** min(attempt, 32)))
+        wait = random.uniform(0.0, ceiling)
+        if retry_after is not None:
+            wait = max(wait, retry_after)
+        return wait
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or HTTP-date); None if absent/bad."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    if seconds != seconds:  # NaN
+        return None
+    return max(0.0, seconds)

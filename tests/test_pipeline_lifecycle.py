@@ -1,0 +1,274 @@
+"""Where the flusher lives and how it ends: many asyncio.run calls, threads, trio, fork,
+in-progress records for long roots, shutdown, and interpreter exit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import looptrace
+from looptrace import _pipeline
+from looptrace._transport import RetryPolicy
+from otlp_server import OtlpTestServer
+
+FAST_RETRY = RetryPolicy(base_delay=0.02, max_delay=0.2, budget=20.0)
+
+
+@pytest.fixture
+def server() -> Iterator[OtlpTestServer]:
+    """A fresh OTLP server; afterwards, no request failed to decode and looptrace recorded no
+    internal error (a loop mix-up would show there)."""
+    with OtlpTestServer() as srv:
+        yield srv
+    bad = [r.error for r in srv.requests if r.error is not None]
+    assert not bad, bad
+    assert looptrace.statistics().internal_errors == {}
+
+
+def use(server: OtlpTestServer, **cfg: Any) -> _pipeline.Pipeline:
+    cfg.setdefault("flush_interval", 0.05)
+    config = looptrace.Config.from_env(endpoint=server.endpoint, **cfg)
+    return _pipeline.install(_pipeline.Pipeline(config, retry_policy=FAST_RETRY))
+
+
+def make_spans(count: int, prefix: str = "s") -> None:
+    for i in range(count):
+        with looptrace.span(f"{prefix}{i}"):
+            pass
+
+
+def test_many_asyncio_runs_in_one_process(server: OtlpTestServer) -> None:
+    """Each asyncio.run gets spans out without an explicit flush (the flusher on the closing
+    loop hands its work to the private thread), and the next asyncio.run starts cleanly."""
+    use(server)
+
+    async def work(run: int) -> None:
+        for i in range(20):
+            with looptrace.span(f"r{run}-{i}"):
+                await asyncio.sleep(0)
+
+    for run in range(5):
+        asyncio.run(work(run))
+        assert server.wait_for_spans(20 * (run + 1), timeout=5), server.accepted_span_count
+    assert looptrace.flush_sync(5).ok
+    assert server.accepted_span_count == 100
+    assert server.accepted_record_count == 100  # each span sent once
+
+
+def test_a_runner_per_test_like_pytest_asyncio(server: OtlpTestServer) -> None:
+    """A fresh asyncio.Runner per 'test', flushing inside each: no loop mix-ups, no loss."""
+    use(server)
+    for n in range(4):
+        with asyncio.Runner() as runner:
+
+            async def body(n: int = n) -> looptrace.FlushResult:
+                make_spans(10, f"t{n}-")
+                return await looptrace.flush(5)
+
+            assert runner.run(body()).ok
+    assert server.accepted_span_count == 40
+
+
+def test_threads_without_a_loop(server: OtlpTestServer) -> None:
+    """Spans ended on several plain threads all go out through the private flusher thread."""
+    use(server)
+    threads = [threading.Thread(target=make_spans, args=(250, f"th{t}-")) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert looptrace.flush_sync(5).ok
+    assert server.accepted_span_count == 1000
+
+
+def test_threads_each_with_their_own_loop(server: OtlpTestServer) -> None:
+    """Several threads running asyncio.run at the same time share one pipeline safely."""
+    use(server)
+
+    async def work(tag: int) -> None:
+        for i in range(50):
+            with looptrace.span(f"L{tag}-{i}"):
+                await asyncio.sleep(0)
+        await looptrace.flush(5)
+
+    threads = [threading.Thread(target=asyncio.run, args=(work(t),)) for t in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert looptrace.flush_sync(5).ok
+    assert server.accepted_span_count == 150
+
+
+def test_trio_programs_use_the_private_thread(server: OtlpTestServer) -> None:
+    """Under trio (no asyncio loop) spans go through the private thread and
+    ``await looptrace.flush()`` works."""
+    trio = pytest.importorskip("trio")
+    use(server)
+
+    async def main() -> looptrace.FlushResult:
+        for i in range(30):
+            with looptrace.span(f"trio{i}"):
+                await trio.sleep(0)
+        return await looptrace.flush(5)
+
+    result = trio.run(main)
+    assert result.ok
+    assert result.sent == 30
+    assert server.accepted_span_count == 30
+    pipeline = _pipeline.current()
+    assert pipeline is not None
+    assert pipeline._home is not None
+    assert pipeline._home.private
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_fork_child_starts_empty_and_parent_spans_are_sent_once(server: OtlpTestServer) -> None:
+    """After fork the child has an empty buffer and its own flusher; the parent's pending spans
+    are sent by the parent only (exactly once)."""
+    use(server, flush_interval=2.0)  # the parent's spans are still pending at fork time
+    make_spans(10, "parent")
+    assert looptrace.statistics().queued_spans == 10
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            if looptrace.statistics().queued_spans == 0:
+                make_spans(5, "child")
+                result = looptrace.flush_sync(5)
+                code = 0 if result.ok and result.sent == 5 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert looptrace.flush_sync(5).ok
+    names = server.span_names()
+    assert names == sorted([f"parent{i}" for i in range(10)] + [f"child{i}" for i in range(5)])
+    assert server.accepted_record_count == 15
+
+
+async def test_long_roots_are_sent_in_progress_then_final(server: OtlpTestServer) -> None:
+    """A root open longer than in_progress_after is sent as an in-progress record; its final
+    record follows when it ends. A short root is sent once (start and end coalesce)."""
+    use(server, send_in_progress=True, in_progress_after=0.1)
+    with looptrace.span("short"):
+        pass
+    with looptrace.span("long") as long_root:
+        await asyncio.to_thread(server.wait_for_requests, 1, 5)
+        for _ in range(100):
+            records = [r for r in server.all_records() if r.name == "long"]
+            if records:
+                break
+            await asyncio.to_thread(server.wait_for_requests, len(server.requests) + 1, 0.5)
+        assert records, "no in-progress record arrived"
+        assert records[0].end_time_unix_nano == 0 or any(
+            kv.key == "looptrace.in_progress" and kv.value.bool_value
+            for kv in records[0].attributes
+        )
+        assert records[0].span_id == long_root.span_id.to_bytes(8, "big")
+    assert (await looptrace.flush(5)).ok
+    by_name: dict[str, int] = {}
+    for record in server.all_records():
+        by_name[record.name] = by_name.get(record.name, 0) + 1
+    assert by_name == {"short": 1, "long": 2}
+    final = server.accepted_spans()
+    assert {s.name for s in final} == {"short", "long"}
+    assert all(s.end_time_unix_nano > 0 for s in final)
+
+
+def test_in_progress_is_off_for_other_backends_by_default(server: OtlpTestServer) -> None:
+    """With an OTLP endpoint and no setting, nothing is sent before a root ends."""
+    pipeline = use(server, in_progress_after=0.01)
+    assert not pipeline.cfg.sends_in_progress
+    with looptrace.span("root"):
+        make_spans(3)
+    assert looptrace.flush_sync(5).ok
+    assert server.accepted_record_count == 4
+
+
+async def test_shutdown_flushes_then_stops(server: OtlpTestServer) -> None:
+    """shutdown() sends what is held, stops the flusher, and leaves the statistics readable;
+    the next span starts a fresh pipeline."""
+    pipeline = use(server)
+    make_spans(15)
+    result = await looptrace.shutdown(5)
+    assert result.ok
+    assert result.sent == 15
+    assert pipeline._closed.is_set()
+    assert all(h.done.is_set() for h in pipeline._homes)
+    assert looptrace.statistics().spans_sent == 15
+    assert server.accepted_span_count == 15
+    make_spans(1, "after")
+    assert _pipeline.current() is not pipeline
+    assert (await looptrace.shutdown(5)).sent == 1
+
+
+def test_shutdown_deadline_drops_and_counts_what_is_left(server: OtlpTestServer) -> None:
+    """When the server holds every request, shutdown returns at its deadline and counts the
+    unsent spans as dropped (reason: shutdown)."""
+    use(server, max_concurrent_requests=1, max_batch_spans=5)
+    server.hold()
+    make_spans(20)
+    result = looptrace.shutdown_sync(0.5)
+    server.release()
+    assert result.dropped["shutdown"] == 20
+    assert not result.ok
+    assert looptrace.statistics().dropped["shutdown"] == 20
+
+
+def _run_script(body: str, tmp_path: Path, **env_extra: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "app.py"
+    script.write_text(textwrap.dedent(body))
+    env = {k: v for k, v in os.environ.items() if k != "LOOPTRACE_RAISE_INTERNAL_ERRORS"}
+    env.update(env_extra)
+    env["PYTHONASYNCIODEBUG"] = "1"
+    return subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_exit_drains_everything_with_no_loop_warnings(
+    server: OtlpTestServer, tmp_path: Path
+) -> None:
+    """A program mixing asyncio.run calls, threads and sync code, with no flush at all, gets
+    every span out at exit, and asyncio reports nothing (no destroyed pending task, no loop
+    mix-up)."""
+    proc = _run_script(
+        """
+        import asyncio, threading, looptrace
+
+        async def work(tag):
+            for i in range(30):
+                with looptrace.span(f"{tag}-{i}"):
+                    await asyncio.sleep(0)
+
+        for run in range(3):
+            asyncio.run(work(f"run{run}"))
+        t = threading.Thread(target=lambda: [looptrace.span(f"thread-{i}").__enter__().end() for i in range(30)])
+        t.start(); t.join()
+        for i in range(30):
+            with looptrace.span(f"sync-{i}"):
+                pass
+        """,
+        tmp_path,
+        LOOPTRACE_ENDPOINT=server.endpoint,
+        LOOPTRACE_FLUSH_INTERVAL="5",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert server.accepted_span_count == 150
+    assert server.accepted_record_count == 150
+    for bad in ("Task was destroyed", "Traceback", "different loop", "never awaited"):
+        assert bad not in proc.stderr, proc.stderr
