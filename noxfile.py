@@ -38,8 +38,15 @@ def bench(session: nox.Session) -> None:
     """pytest-benchmark micro-benchmarks, then the scenario scripts (each prints its table)."""
     session.install("-e", ".[test]")
     session.run(
-        "python", "-m", "pytest", "benchmarks", "-q", "--benchmark-only",
-        "--benchmark-columns=min,median,mean,ops", "-p", "no:randomly",
+        "python",
+        "-m",
+        "pytest",
+        "benchmarks",
+        "-q",
+        "--benchmark-only",
+        "--benchmark-columns=min,median,mean,ops",
+        "-p",
+        "no:randomly",
     )
     import glob
 

@@ -24,10 +24,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(autouse=True)
-def _isolated_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _isolated_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test gets its own store path, so nothing lands in ~/.local/share."""
     monkeypatch.setenv("LOOPTRACE_STORE", str(tmp_path / "store.db"))
-    yield
 
 
 @pytest.fixture(autouse=True)

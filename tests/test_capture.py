@@ -31,8 +31,7 @@ async def fetch(url: str, *, retries: int = 0) -> dict[str, Any]:
 
 @looptrace.traced
 def count_up(n: int) -> Any:
-    for i in range(n):
-        yield i
+    yield from range(n)
     return "done"
 
 

@@ -17,7 +17,7 @@ from . import _clock, _state
 from ._context import CURRENT
 from ._errors import internal_error
 from ._semconv import GENERATOR_CLOSED_EARLY, GENERATOR_ITEMS
-from ._span import UNSET, CallSite, NonRecordingSpan, RemoteChildSpan, Span, SpanContext, SpanKind
+from ._span import CallSite, NonRecordingSpan, RemoteChildSpan, Span, SpanContext, SpanKind
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -55,7 +55,9 @@ def start_span(
             trace_id = _clock.new_trace_id()
             if (trace_id & _MASK64) >= _state.sample_threshold:
                 return NonRecordingSpan(trace_id, _clock.new_span_id())
-            span = Span(name, trace_id, _clock.new_span_id(), 0, _clock.now_ns(), attributes, "", kind)
+            span = Span(
+                name, trace_id, _clock.new_span_id(), 0, _clock.now_ns(), attributes, "", kind
+            )
         else:  # a remote parent: this is the local root of a distributed trace
             span = RemoteChildSpan(
                 name,
@@ -80,7 +82,7 @@ def start_span(
     return span
 
 
-class span:  # noqa: N801 - used like a function: ``with looptrace.span("step") as s:``
+class span:
     """Trace a block: ``with looptrace.span("name") as s:`` or ``async with``.
 
     ``parent`` may be a remote :class:`SpanContext` (from ``looptrace.extract``) or a span.
@@ -110,7 +112,9 @@ class span:  # noqa: N801 - used like a function: ``with looptrace.span("step") 
             from ._context import _RemoteParent
 
             if parent.sampled:
-                parent = _RemoteParent("", parent.trace_id, parent.span_id, 0, 0, None, parent.trace_state)
+                parent = _RemoteParent(
+                    "", parent.trace_id, parent.span_id, 0, 0, None, parent.trace_state
+                )
             else:
                 parent = NonRecordingSpan(parent.trace_id, parent.span_id, parent.trace_state)
         if _state.disabled:
@@ -166,16 +170,14 @@ def _binder(fn: Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[str, Any]
     if params and params[0].name in ("self", "cls") and "." in getattr(fn, "__qualname__", ""):
         skip = 1
         params = params[1:]
-    names = tuple(
-        p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    )
+    names = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
     var_name = next((p.name for p in params if p.kind is p.VAR_POSITIONAL), "args")
     n = len(names)
 
     def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         if skip:
             args = args[skip:]
-        bound = dict(zip(names, args))
+        bound = dict(zip(names, args, strict=False))
         if len(args) > n:
             bound[var_name] = args[n:]
         if kwargs:
@@ -297,7 +299,9 @@ def _wrap(fn: Callable[..., Any], site: CallSite) -> Callable[..., Any]:
                 s.fail(exc)
                 raise
             else:
-                if recording and (want_output if want_output is not None else _state.capture_outputs):
+                if recording and (
+                    want_output if want_output is not None else _state.capture_outputs
+                ):
                     s.output = result
                 return result
             finally:

@@ -36,7 +36,9 @@ DEFAULT_REDACT_KEYS: tuple[str, ...] = (
 
 def default_store_path() -> Path:
     """Where the local store lives when ``LOOPTRACE_STORE`` is not set."""
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "share"
+    )
     return Path(base) / "looptrace" / "traces.db"
 
 
@@ -156,9 +158,7 @@ class Config:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_env(
-        cls, environ: Mapping[str, str] | None = None, **overrides: Any
-    ) -> Config:
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
         """Settings from ``LOOPTRACE_*`` (then ``OTEL_*``) variables, with ``overrides`` on top."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
@@ -176,7 +176,12 @@ class Config:
                 values[field] = conv(names[0], raw)
 
         put("service_name", _str, "LOOPTRACE_SERVICE_NAME", "OTEL_SERVICE_NAME")
-        put("resource_attributes", _pairs, "LOOPTRACE_RESOURCE_ATTRIBUTES", "OTEL_RESOURCE_ATTRIBUTES")
+        put(
+            "resource_attributes",
+            _pairs,
+            "LOOPTRACE_RESOURCE_ATTRIBUTES",
+            "OTEL_RESOURCE_ATTRIBUTES",
+        )
         put("disabled", _bool, "LOOPTRACE_DISABLED", "OTEL_SDK_DISABLED")
         put("sample_rate", _float, "LOOPTRACE_SAMPLE_RATE")
         put("capture_inputs", _bool, "LOOPTRACE_CAPTURE_INPUTS")
@@ -197,9 +202,27 @@ class Config:
             if base is not None:
                 # The spec: a base endpoint gets the signal path appended.
                 values["endpoint"] = base.rstrip("/") + "/v1/traces"
-        put("headers", _pairs, "LOOPTRACE_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS")
-        put("encoding", _encoding, "LOOPTRACE_ENCODING", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
-        put("compression", _compression, "LOOPTRACE_COMPRESSION", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "OTEL_EXPORTER_OTLP_COMPRESSION")
+        put(
+            "headers",
+            _pairs,
+            "LOOPTRACE_HEADERS",
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+            "OTEL_EXPORTER_OTLP_HEADERS",
+        )
+        put(
+            "encoding",
+            _encoding,
+            "LOOPTRACE_ENCODING",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        )
+        put(
+            "compression",
+            _compression,
+            "LOOPTRACE_COMPRESSION",
+            "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+            "OTEL_EXPORTER_OTLP_COMPRESSION",
+        )
         put("export_timeout", _float, "LOOPTRACE_EXPORT_TIMEOUT")
         put("flush_interval", _float, "LOOPTRACE_FLUSH_INTERVAL")
         put("max_batch_spans", _int, "LOOPTRACE_MAX_BATCH_SPANS")
@@ -288,7 +311,9 @@ def _encoding(name: str, raw: str) -> Encoding:
         return "protobuf"
     if low in ("json", "http/json"):
         return "json"
-    raise ConfigurationError(f"{name} must be protobuf or json (http/protobuf, http/json), got {raw!r}")
+    raise ConfigurationError(
+        f"{name} must be protobuf or json (http/protobuf, http/json), got {raw!r}"
+    )
 
 
 def _compression(name: str, raw: str) -> Compression:

@@ -44,7 +44,9 @@ def attach(context: SpanContext | None) -> Iterator[None]:
         yield
         return
     if context.sampled:
-        parent: Span = _RemoteParent("", context.trace_id, context.span_id, 0, 0, None, context.trace_state)
+        parent: Span = _RemoteParent(
+            "", context.trace_id, context.span_id, 0, 0, None, context.trace_state
+        )
     else:
         from ._span import NonRecordingSpan
 

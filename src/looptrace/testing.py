@@ -54,7 +54,9 @@ class SpanCapture(list[Span]):
     def by_name(self, name: str) -> Span:
         """The one span called ``name`` (AssertionError when there are none or several)."""
         found = [s for s in self if s.name == name]
-        assert len(found) == 1, f"expected one span named {name!r}, found {len(found)}: {self.names()}"
+        assert len(found) == 1, (
+            f"expected one span named {name!r}, found {len(found)}: {self.names()}"
+        )
         return found[0]
 
     def names(self) -> list[str]:
@@ -64,7 +66,9 @@ class SpanCapture(list[Span]):
         return [s for s in self if s.parent_span_id == 0]
 
     def children(self, parent: Span) -> list[Span]:
-        return [s for s in self if s.parent_span_id == parent.span_id and s.trace_id == parent.trace_id]
+        return [
+            s for s in self if s.parent_span_id == parent.span_id and s.trace_id == parent.trace_id
+        ]
 
     def tree(self) -> list[tuple[int, str]]:
         """(depth, name) pairs in start order, depth first: handy for one-line assertions."""
@@ -81,7 +85,9 @@ class SpanCapture(list[Span]):
 
 
 @contextlib.contextmanager
-def deterministic_ids(start_ns: int = 1_700_000_000_000_000_000, step_ns: int = 1_000) -> Iterator[None]:
+def deterministic_ids(
+    start_ns: int = 1_700_000_000_000_000_000, step_ns: int = 1_000
+) -> Iterator[None]:
     """Inside the block trace ids count 1, 2, 3..., span ids likewise, and the clock advances
     ``step_ns`` on every reading, so spans compare equal across runs."""
     traces = itertools.count(1)
