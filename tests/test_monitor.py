@@ -433,3 +433,22 @@ def test_snapshot_is_a_frozen_dataclass() -> None:
         LagSnapshot(0, 0, 0, 0, 0, 0, 0, 0).count = 1  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         looptrace.Culprit(None, "f", "x.py", 1, 1.0, ()).lineno = 2  # type: ignore[misc]
+
+
+async def test_lag_monitor_switched_on_by_configuration(tmp_path: Any) -> None:
+    """With lag_monitor=True, the first traced span on a loop starts a monitor there, and
+    spans carry the lag attribute without any code change."""
+    import looptrace
+    from looptrace import monitor
+
+    looptrace.configure(lag_monitor=True, lag_interval=0.005, store_path=tmp_path / "s.db")
+    assert monitor.active_monitor() is None
+
+    @looptrace.traced
+    async def step() -> None:
+        await asyncio.sleep(0)
+
+    await step()
+    running = monitor.active_monitor()
+    assert running is not None
+    running.stop()

@@ -668,3 +668,22 @@ def test_needs_offload_spots_large_strings_only() -> None:
     assert span.inputs is UNSET_
     span.output = np.zeros(20_000)
     assert needs_offload(span, cfg)
+
+
+def test_remote_parent_flag_reaches_the_wire() -> None:
+    """The local root of a distributed trace says its parent is remote (OTLP span flags);
+    an ordinary child does not."""
+    import looptrace
+    from looptrace._config import Config
+    from looptrace._serialize import to_wire
+    from looptrace.testing import capture_spans
+
+    ctx = looptrace.extract(
+        {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    )
+    with capture_spans() as spans, looptrace.span("server", parent=ctx), looptrace.span("inner"):
+        pass
+    cfg = Config.from_env()
+    wires = {s.name: to_wire(s, cfg) for s in spans}
+    assert wires["server"].parent_is_remote
+    assert not wires["inner"].parent_is_remote

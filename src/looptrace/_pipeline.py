@@ -331,6 +331,15 @@ class Pipeline:
         else:  # pragma: no cover
             home.task = loop.create_task(coro, name="looptrace-flusher")
         self._homes.append(home)
+        if self.cfg.lag_monitor:
+            # LOOPTRACE_LAG_MONITOR: every loop that traces gets a monitor, started where the
+            # flusher starts, because that is the first moment looptrace runs on that loop.
+            try:
+                from .monitor import ensure_from_config
+
+                ensure_from_config(self.cfg)
+            except Exception as exc:
+                _report_internal("pipeline.lag_monitor", exc)
         return home
 
     def _start_thread(self) -> _Home:

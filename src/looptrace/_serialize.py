@@ -855,6 +855,8 @@ def _skeleton(span: Span, cfg: Config, pol: Policy) -> WireSpan:
         span.status_code,
         span.status_message,
         span.trace_state,
+        0,
+        span.parent_is_remote,
     )
 
 
