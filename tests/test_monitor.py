@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import pathlib
 import asyncio.events
 import dataclasses
 import logging
@@ -435,9 +436,9 @@ def test_snapshot_is_a_frozen_dataclass() -> None:
         looptrace.Culprit(None, "f", "x.py", 1, 1.0, ()).lineno = 2  # type: ignore[misc]
 
 
-async def test_lag_monitor_switched_on_by_configuration(tmp_path: Any) -> None:
-    """With lag_monitor=True, the first traced span on a loop starts a monitor there, and
-    spans carry the lag attribute without any code change."""
+async def test_lag_monitor_switched_on_by_configuration(tmp_path: pathlib.Path) -> None:
+    """With lag_monitor=True, the first traced span on a loop starts a monitor there, with no
+    code change in the program."""
     import looptrace
     from looptrace import monitor
 
