@@ -6,10 +6,10 @@
 from __future__ import annotations
 
 import asyncio
-import pathlib
 import asyncio.events
 import dataclasses
 import logging
+import pathlib
 import threading
 import time
 import warnings
