@@ -85,6 +85,10 @@ _CACHE_MAX = 4096
 _MARKER_ROOM = 48
 # Up to this many quotes in a value's JSON, each key is read back and checked exactly.
 _FEW_QUOTES = 256
+# In orjson's compact output every object key is a string followed directly by ':'; a string
+# value cannot match (its inner quotes are escaped and its closing quote is followed by , } ]).
+_JSON_KEY = re.compile(rb'"((?:[^"\\]|\\.)*)":')
+_KEY_SCAN_MAX = 64 * 1024
 _PRIMITIVES = (str, bool, int, float)
 
 
@@ -122,6 +126,7 @@ class Policy:
         "_any_first",
         "_firsts",
         "_key_cache",
+        "_raw_cache",
         "_words",
         "default",
         "max_depth",
@@ -142,8 +147,9 @@ class Policy:
         self._any_first = re.compile(b"|".join(re.escape(f) for f in firsts) or b"(?!)")
         # One C-speed, case-insensitive scan rules out the usual payload (no redaction word
         # anywhere in its text) before any Python-level look at its keys.
-        self._firsts = tuple(firsts)
+        self._firsts = re.compile(b"|".join(re.escape(f) for f in firsts) or b"(?!)")
         self._key_cache: dict[str, bool] = {}
+        self._raw_cache: dict[bytes, bool] = {}
         self.default: Callable[[Any], Any] = self._default
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -164,11 +170,17 @@ class Policy:
         """Cheap check on orjson output: could any object key in it be secret?
 
         Never says no when a key is secret (a false yes only costs the careful walk)."""
-        low = out.lower()
-        for first in self._firsts:
-            if first in low:
-                break
-        else:
+        # Every object key in orjson's output ends in '":'; no such pair means no keys at all.
+        # Then one regex pass over a lowercased copy rules out the usual payload (no redaction
+        # word anywhere) before any Python-level look at its keys.
+        if b'":' not in out or self._firsts.search(out.lower()) is None:
+            return False
+        if len(out) <= _KEY_SCAN_MAX:
+            # A word matched somewhere (max_tokens is everywhere in LLM payloads): let the
+            # regex engine list the keys and apply the exact (cached) rule to each.
+            for raw in _JSON_KEY.findall(out):
+                if self._secret_raw(raw):
+                    return True
             return False
         # Few strings (the usual shape of a big payload: a handful of keys, huge values):
         # read each key back from the text and apply the exact rule. Quotes are found with
@@ -192,11 +204,18 @@ class Policy:
         return False
 
     def _secret_raw(self, raw: bytes) -> bool:
+        hit = self._raw_cache.get(raw)
+        if hit is not None:
+            return hit
         try:
             key = orjson.loads(b'"' + raw + b'"') if b"\\" in raw else raw.decode()
         except Exception:
             return True
-        return self.is_secret(key)
+        hit = self.is_secret(key)
+        if len(self._raw_cache) >= _CACHE_MAX:
+            self._raw_cache.clear()
+        self._raw_cache[raw] = hit
+        return hit
 
     def _scan_words(self, out: bytes) -> bool:
         # Many keys: look for the redaction words themselves, then confirm each hit is inside
@@ -886,11 +905,16 @@ def finish(
     if output[0]:
         payloads.append((OUTPUT_VALUE, OUTPUT_MIME_TYPE, _dumps(output[1], pol)))
     if payloads:
-        other = sum(len(v) for _, v in wire.attributes if type(v) is str)
-        total = other + sum(len(p[2]) for p in payloads)
-        if total > max_span_bytes:
-            payloads = _fit(payloads, max(max_span_bytes - other, 1024))
         attrs = wire.attributes
+        total = 0
+        for p in payloads:
+            total += len(p[2])
+        other = 0
+        for _, v in attrs:
+            if type(v) is str:
+                other += len(v)
+        if total + other > max_span_bytes:
+            payloads = _fit(payloads, max(max_span_bytes - other, 1024))
         for key, mime, body in payloads:
             attrs.append((key, body.decode("utf-8")))
             attrs.append((mime, JSON_MIME))
