@@ -178,10 +178,7 @@ class Policy:
         if len(out) <= _KEY_SCAN_MAX:
             # A word matched somewhere (max_tokens is everywhere in LLM payloads): let the
             # regex engine list the keys and apply the exact (cached) rule to each.
-            for raw in _JSON_KEY.findall(out):
-                if self._secret_raw(raw):
-                    return True
-            return False
+            return any(self._secret_raw(raw) for raw in _JSON_KEY.findall(out))
         # Few strings (the usual shape of a big payload: a handful of keys, huge values):
         # read each key back from the text and apply the exact rule. Quotes are found with
         # memchr speed; unescaped ones alternate open/close, and only a key's close is
