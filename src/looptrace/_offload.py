@@ -29,7 +29,7 @@ import pickle
 import signal
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any
 
@@ -49,9 +49,19 @@ _patch_lock = threading.Lock()
 # --------------------------------------------------------------------------- worker side
 
 
+async def _done(value: bytes) -> bytes:
+    return value
+
+
 def _initializer() -> None:
-    """Runs in each worker before any task: stay quiet on Ctrl-C (the parent handles it)."""
+    """Runs in each worker before any task: stay quiet on Ctrl-C (the parent handles it), and
+    yield the CPU to the application: on a small machine a busy worker otherwise delays the
+    very event loop it exists to protect."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        os.nice(10)
+    except OSError:
+        pass
 
 
 def _ping() -> int:
@@ -119,7 +129,15 @@ def _new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
     )
     try:
         # Launches the workers now (on this thread, not the loop's) and proves they run.
-        pool.submit(_ping).result(timeout=_START_TIMEOUT)
+        started = pool.submit(_ping)
+        # A starting interpreter imports for a good part of a second; lower its priority from
+        # here, at once, so that start-up does not take a core from the application's loop.
+        for pid in list(getattr(pool, "_processes", None) or ()):
+            try:
+                os.setpriority(os.PRIO_PROCESS, pid, 10)
+            except (AttributeError, OSError):
+                pass
+        started.result(timeout=_START_TIMEOUT)
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
         raise
@@ -154,35 +172,87 @@ class Offloader:
 
     async def encode(self, span: Span, cfg: Config, encoding: str) -> bytes:
         """The encoded span chunk (``_otlp.encode_span(to_wire(span, cfg), encoding)``)."""
-        from . import _otlp
+        if self._state != "running":
+            await self._ensure_pool()
+        return await self.submit(span, cfg, encoding)
 
-        pool = self._pool if self._state == "running" else await self._ensure_pool()
+    async def ready(self) -> None:
+        """Start the pool if it has not been started (in a thread, never on the loop)."""
+        if self._state in ("unstarted", "broken"):
+            await self._ensure_pool()
+
+    def submit(self, span: Span, cfg: Config, encoding: str) -> Awaitable[bytes]:
+        """Hand ``span`` to a worker now; await the result for its encoded chunk.
+
+        The handoff (running the user's hooks, pickling the payload) happens in this call, on
+        the caller's thread, so a caller that hands over many spans can yield between them
+        (the pipeline's time-sliced encode loop does); only the wait is deferred."""
+        pool = self._pool if self._state == "running" else None
         if pool is None:
-            self.stats[self._fallback_reason()] += 1
-            return _otlp.encode_span(_serialize.to_wire(span, cfg), encoding)
+            if self._state in ("unstarted", "broken"):
+                return self.encode(span, cfg, encoding)  # starts the pool first
+            return _done(self._inline(span, cfg, encoding, self._fallback_reason()))
         wire, inputs, output, pol, max_span = _serialize.prepare(span, cfg)
         try:
             # Pickled here, not by the executor: a failure is then this span's problem only.
             blob = pickle.dumps((wire, inputs, output, pol, max_span, encoding), protocol=5)
         except Exception:
-            reason = "unpicklable"
+            return _done(
+                self._finish_inline(wire, inputs, output, pol, max_span, encoding, "unpicklable")
+            )
+        try:
+            future = pool.submit(_work, blob)
+        except RuntimeError:
+            # Submitted after shutdown (a race with Offloader.shutdown or interpreter exit).
+            return _done(
+                self._finish_inline(wire, inputs, output, pol, max_span, encoding, "shutdown")
+            )
+        except BrokenProcessPool:
+            self._broken(pool)
+            return _done(
+                self._finish_inline(wire, inputs, output, pol, max_span, encoding, "broken_pool")
+            )
+        return self._collect(pool, future, (wire, inputs, output, pol, max_span, encoding))
+
+    async def _collect(
+        self,
+        pool: concurrent.futures.ProcessPoolExecutor,
+        future: concurrent.futures.Future[tuple[bytes | None, dict[str, int]]],
+        prepared: tuple[Any, Any, Any, Any, int, str],
+    ) -> bytes:
+        try:
+            body, counts = await asyncio.wrap_future(future)
+        except BrokenProcessPool:
+            self._broken(pool)
+            reason = "broken_pool"
+        except Exception:
+            reason = "worker_error"
         else:
-            try:
-                body, counts = await asyncio.wrap_future(pool.submit(_work, blob))
-            except BrokenProcessPool:
-                self._broken(pool)
-                reason = "broken_pool"
-            except RuntimeError:
-                # Submitted after shutdown (a race with Offloader.shutdown or interpreter exit).
-                reason = "shutdown"
-            except Exception:
-                reason = "worker_error"
-            else:
-                if body is not None:
-                    self.stats["offloaded"] += 1
-                    _serialize.stats.update(counts)
-                    return body
-                reason = "worker_error"
+            if body is not None:
+                self.stats["offloaded"] += 1
+                _serialize.stats.update(counts)
+                return body
+            reason = "worker_error"
+        return self._finish_inline(*prepared, reason)
+
+    def _inline(self, span: Span, cfg: Config, encoding: str, reason: str) -> bytes:
+        from . import _otlp
+
+        self.stats[reason] += 1
+        return _otlp.encode_span(_serialize.to_wire(span, cfg), encoding)
+
+    def _finish_inline(
+        self,
+        wire: Any,
+        inputs: Any,
+        output: Any,
+        pol: Any,
+        max_span: int,
+        encoding: str,
+        reason: str,
+    ) -> bytes:
+        from . import _otlp
+
         self.stats[reason] += 1
         # ``prepare`` already ran the user's hooks once; finish the same payload here.
         return _otlp.encode_span(_serialize.finish(wire, inputs, output, pol, max_span), encoding)

@@ -37,7 +37,14 @@ from . import _clock, _errors, _state
 from ._batcher import DROP_REASONS, Batch, Buffer
 from ._config import Config
 from ._context import suppress_tracing
-from ._transport import HttpTransport, RetryPolicy, Transport, off_loop, parse_retry_after
+from ._transport import (
+    HttpTransport,
+    RetryPolicy,
+    Transport,
+    in_background,
+    off_loop,
+    parse_retry_after,
+)
 
 if TYPE_CHECKING:
     from ._otlp import Resource
@@ -519,7 +526,14 @@ class Pipeline:
         for i, span in enumerate(spans):
             try:
                 if needs_offload is not None and needs_offload(span, cfg):
-                    offloaded.append((i, self._offloader.encode(span, cfg, encoding)))
+                    if self._offloader.state in ("unstarted", "broken"):
+                        # Start the pool before the first handoff, so that every handoff of
+                        # this drain happens inside a time slice, not all at once after it.
+                        await self._offloader.ready()
+                        started = clock()
+                    # The handoff (hooks, pickling) runs here, inside the time slice, so a drain
+                    # of many large spans yields between them; only the results are awaited.
+                    offloaded.append((i, self._offloader.submit(span, cfg, encoding)))
                 else:
                     chunks[i] = encode_span(to_wire(span, cfg), encoding)
             except Exception as exc:
@@ -626,7 +640,7 @@ class Pipeline:
         compression = self.cfg.compression
         if compression != "none":
             if len(body) > COMPRESS_IN_THREAD_BYTES:
-                body, content_encoding = await off_loop(self._compress, body, compression)
+                body, content_encoding = await in_background(self._compress, body, compression)
             else:
                 body, content_encoding = self._compress(body, compression)
         else:
@@ -1136,6 +1150,14 @@ def configure(**overrides: Any) -> Config:
         _state.sink = _LAZY
     if old is not None:
         old.close_soon()
+    if not cfg.disabled:
+        # configure() is a start-up call: import the export modules here, once, rather than
+        # in a worker thread during the first drain, where an import holds the GIL against the
+        # application's loop for tens of milliseconds.
+        from . import _otlp, _serialize  # noqa: F401
+
+        if cfg.offload:
+            from . import _offload  # noqa: F401
     return cfg
 
 

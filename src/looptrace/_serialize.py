@@ -171,11 +171,14 @@ class Policy:
 
         Never says no when a key is secret (a false yes only costs the careful walk)."""
         # Every object key in orjson's output ends in '":'; no such pair means no keys at all.
-        # Then one regex pass over a lowercased copy rules out the usual payload (no redaction
-        # word anywhere) before any Python-level look at its keys.
-        if b'":' not in out or self._firsts.search(out.lower()) is None:
+        # For small output, one regex pass over a lowercased copy rules out the usual payload
+        # (no redaction word anywhere). Large output is never copied or regex-scanned whole:
+        # the quote walk below finds its few keys at memchr speed.
+        if b'":' not in out:
             return False
         if len(out) <= _KEY_SCAN_MAX:
+            if self._firsts.search(out.lower()) is None:
+                return False
             # A word matched somewhere (max_tokens is everywhere in LLM payloads): let the
             # regex engine list the keys and apply the exact (cached) rule to each.
             return any(self._secret_raw(raw) for raw in _JSON_KEY.findall(out))

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import dataclasses
 import email.utils
+import os
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple, Protocol, TypeVar
@@ -30,6 +33,46 @@ _RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
 
 
 T = TypeVar("T")
+
+
+_background: concurrent.futures.ThreadPoolExecutor | None = None
+_background_lock = threading.Lock()
+
+
+def _lower_thread_priority() -> None:
+    # On Linux a thread id is a scheduling entity of its own, so this lowers only this thread.
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):
+        pass
+
+
+def _forget_background() -> None:
+    global _background
+    _background = None  # its thread did not survive the fork
+
+
+os.register_at_fork(after_in_child=_forget_background)
+
+
+async def in_background(fn: Callable[..., T], *args: Any) -> T:
+    """Run CPU-heavy export work (compressing a large body) on looptrace's own low-priority
+    thread: zlib and zstd release the GIL, and the lowered priority keeps that work from taking
+    a core the application's loop wants. Inline when threads can no longer start (exit)."""
+    global _background
+    pool = _background
+    if pool is None:
+        with _background_lock:
+            pool = _background
+            if pool is None:
+                pool = _background = concurrent.futures.ThreadPoolExecutor(
+                    1, "looptrace-background", initializer=_lower_thread_priority
+                )
+    try:
+        future = pool.submit(fn, *args)
+    except RuntimeError:
+        return fn(*args)
+    return await asyncio.wrap_future(future)
 
 
 async def off_loop(fn: Callable[..., T], *args: Any) -> T:
