@@ -549,3 +549,38 @@ def test_capture_fills_live_inside_the_block() -> None:
         assert spans.names() == ["add"]
         add(2)
         assert len(spans) == 2
+
+
+def test_inputs_are_bound_the_same_on_every_call_shape() -> None:
+    """One parameter, positional or keyword, keyword-only, extra positionals and a method:
+    each call shape records the same names and values."""
+
+    @looptrace.traced
+    def one(x: int) -> int:
+        return x
+
+    @looptrace.traced
+    def kwonly(a: int, *, b: int = 0) -> int:
+        return a + b
+
+    @looptrace.traced
+    def none() -> int:
+        return 0
+
+    with capture_spans() as spans:
+        one(1)
+        one(x=2)
+        kwonly(1)
+        kwonly(1, b=2)
+        none()
+        Service().method(5)
+        Service().method(x=6)
+    assert [s.inputs for s in spans] == [
+        {"x": 1},
+        {"x": 2},
+        {"a": 1},
+        {"a": 1, "b": 2},
+        {},
+        {"x": 5},
+        {"x": 6},
+    ]

@@ -182,17 +182,53 @@ def _binder(fn: Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[str, Any]
             bound[var_name] = args[n:]
         if kwargs:
             bound.update(kwargs)
-        # Snapshot: serialization happens later, so a caller that appends to the list it passed
-        # (a chat history, say) would otherwise change the record of this call. Copying small
-        # top-level containers makes the common case faithful for well under a microsecond;
-        # deeper mutation still shows (docs/serialization.md).
-        for key, value in bound.items():
-            cls = type(value)
-            if (cls is list or cls is dict or cls is set or cls is bytearray) and len(value) <= 256:
-                bound[key] = value.copy()
-        return bound
+        return _snapshot(bound)
 
+    if 0 < n <= 16:
+        return _fast_binder(names, skip, bind)
     return bind
+
+
+# Small mutable containers are copied at call time (see _snapshot).
+_COPIED = frozenset((list, dict, set, bytearray))
+
+
+def _snapshot(bound: dict[str, Any]) -> dict[str, Any]:
+    # Serialization happens later, so a caller that appends to the list it passed (a chat
+    # history, say) would otherwise change the record of this call. Copying small top-level
+    # containers makes the common case faithful for well under a microsecond; deeper mutation
+    # still shows (docs/serialization.md).
+    for key, value in bound.items():
+        if type(value) in _COPIED and len(value) <= 256:
+            bound[key] = value.copy()
+    return bound
+
+
+def _fast_binder(
+    names: tuple[str, ...],
+    skip: int,
+    general: Callable[[tuple[Any, ...], dict[str, Any]], dict[str, Any]],
+) -> Callable[[tuple[Any, ...], dict[str, Any]], dict[str, Any]]:
+    """A binder generated for this signature (as dataclasses generates ``__init__``): a call
+    that passes exactly the positional parameters, the common case, builds its dict with one
+    display instead of ``dict(zip())``; any other call takes the general path."""
+    n = len(names)
+    values = [f"_v{i}" for i in range(n)]
+    unpack = ", ".join(values) + ("," if n == 1 else "")
+    offset = f"args[{skip}:]" if skip else "args"
+    display = ", ".join(f"{name!r}: {v}" for name, v in zip(names, values, strict=True))
+    copied = " or ".join(f"type({v}) in _COPIED" for v in values)
+    source = (
+        "def bind(args, kwargs):\n"
+        f"    if kwargs or len(args) != {n + skip}:\n"
+        "        return general(args, kwargs)\n"
+        f"    {unpack} = {offset}\n"
+        f"    bound = {{{display}}}\n"
+        f"    return _snapshot(bound) if {copied} else bound\n"
+    )
+    scope: dict[str, Any] = {"general": general, "_COPIED": _COPIED, "_snapshot": _snapshot}
+    exec(source, scope)  # names are parameter names: identifiers, embedded with repr()
+    return scope["bind"]  # type: ignore[no-any-return]
 
 
 @overload
