@@ -998,6 +998,7 @@ def estimate_size(span: Span) -> int:
 
 
 _OFFLOAD_BUDGET = 200
+_SCALARS = frozenset((int, float, bool, type(None)))
 
 
 def needs_offload(span: Span, cfg: Config) -> bool:
@@ -1024,6 +1025,10 @@ def needs_offload(span: Span, cfg: Config) -> bool:
             cls = type(v)
             if cls is str or cls is bytes or cls is bytearray:
                 total += len(v)
+            elif cls in _SCALARS:
+                # Most leaves: skip them before the probing below (a failed hasattr raises and
+                # catches an AttributeError, which costs more than everything else here).
+                continue
             elif cls is dict:
                 queue.extend(v.values())
             elif cls is list or cls is tuple:
