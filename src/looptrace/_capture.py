@@ -36,11 +36,18 @@ def start_span(
     """Create (but do not activate) a span under ``parent`` or the active span."""
     if parent is None:
         parent = _current_get()
-    if parent is not None and not parent.is_remote:
-        if not parent.is_recording:
-            # Unsampled or suppressed: children share the non-recording parent, at no cost.
-            return parent
-        span = Span(
+    if parent is None:
+        trace_id = _clock.new_trace_id()
+        if (trace_id & _MASK64) >= _state.sample_threshold:
+            return NonRecordingSpan(trace_id, _clock.new_span_id())
+        span = Span(name, trace_id, _clock.new_span_id(), 0, _clock.now_ns(), attributes, "", kind)
+        _report_start(span)
+    elif not parent.is_recording:
+        # Unsampled or suppressed: children share the non-recording parent, at no cost.
+        return parent
+    else:
+        remote = parent.is_remote  # the parent lives in another process (from extract)
+        span = (RemoteChildSpan if remote else Span)(
             name,
             parent.trace_id,
             _clock.new_span_id(),
@@ -50,29 +57,8 @@ def start_span(
             parent.trace_state,
             kind,
         )
-    else:
-        if parent is None:
-            trace_id = _clock.new_trace_id()
-            if (trace_id & _MASK64) >= _state.sample_threshold:
-                return NonRecordingSpan(trace_id, _clock.new_span_id())
-            span = Span(
-                name, trace_id, _clock.new_span_id(), 0, _clock.now_ns(), attributes, "", kind
-            )
-        else:  # a remote parent: this is the local root of a distributed trace
-            span = RemoteChildSpan(
-                name,
-                parent.trace_id,
-                _clock.new_span_id(),
-                parent.span_id,
-                _clock.now_ns(),
-                attributes,
-                parent.trace_state,
-                kind,
-            )
-        try:
-            _state.sink.on_start(span)
-        except Exception as exc:
-            internal_error("span.start", exc)
+        if remote:
+            _report_start(span)  # the local root of a distributed trace
     if _state.start_hooks:
         for hook in _state.start_hooks:
             try:
@@ -80,6 +66,13 @@ def start_span(
             except Exception as exc:
                 internal_error("span.start_hook", exc)
     return span
+
+
+def _report_start(root: Span) -> None:
+    try:
+        _state.sink.on_start(root)
+    except Exception as exc:
+        internal_error("span.start", exc)
 
 
 class span:

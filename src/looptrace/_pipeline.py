@@ -1188,28 +1188,31 @@ def flush_sync(timeout: float | None = None) -> FlushResult:
 async def shutdown(timeout: float | None = None) -> FlushResult:
     """Flush, then stop the pipeline, all within ``timeout`` (default: LOOPTRACE_SHUTDOWN_TIMEOUT).
     Spans still unsent at the deadline are dropped and counted as ``shutdown``."""
-    global _pipeline
-    with _lock:
-        pipeline, _pipeline = _pipeline, None
-        if pipeline is not None:
-            _state.sink = _LAZY
+    pipeline = _detach()
     if pipeline is None:
         return FlushResult(0, dict.fromkeys(DROP_REASONS, 0), 0)
-    _last_stats[0] = pipeline
     return await pipeline.shutdown(timeout)
 
 
 def shutdown_sync(timeout: float | None = None) -> FlushResult:
     """:func:`shutdown` for synchronous code."""
+    pipeline = _detach()
+    if pipeline is None:
+        return FlushResult(0, dict.fromkeys(DROP_REASONS, 0), 0)
+    return pipeline.shutdown_sync(timeout)
+
+
+def _detach() -> Pipeline | None:
+    """Take the installed pipeline out of service (the next span starts a new one) and keep it
+    as the source of ``statistics()`` until then."""
     global _pipeline
     with _lock:
         pipeline, _pipeline = _pipeline, None
         if pipeline is not None:
             _state.sink = _LAZY
-    if pipeline is None:
-        return FlushResult(0, dict.fromkeys(DROP_REASONS, 0), 0)
-    _last_stats[0] = pipeline
-    return pipeline.shutdown_sync(timeout)
+    if pipeline is not None:
+        _last_stats[0] = pipeline
+    return pipeline
 
 
 # After shutdown, statistics() still describes the pipeline that was stopped.

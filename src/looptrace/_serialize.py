@@ -770,23 +770,36 @@ def _run_hook(hook: Callable[[Any], Any], value: Any, which: str) -> Any:
 
 def _payloads(span: Span, cfg: Config) -> tuple[tuple[bool, Any], tuple[bool, Any]]:
     site = span.site
-    inputs = (False, None)
-    if span.inputs is not UNSET:
-        value = span.inputs
-        if site is not None and site.process_inputs is not None:
-            value = _run_hook(site.process_inputs, value, "process_inputs")
-        if cfg.process_inputs is not None:
-            value = _run_hook(cfg.process_inputs, value, "process_inputs")
-        inputs = (True, value)
-    output = (False, None)
-    if span.output is not UNSET:
-        value = span.output
-        if site is not None and site.process_outputs is not None:
-            value = _run_hook(site.process_outputs, value, "process_outputs")
-        if cfg.process_outputs is not None:
-            value = _run_hook(cfg.process_outputs, value, "process_outputs")
-        output = (True, value)
-    return inputs, output
+    return (
+        _processed(
+            span.inputs,
+            site.process_inputs if site is not None else None,
+            cfg.process_inputs,
+            "process_inputs",
+        ),
+        _processed(
+            span.output,
+            site.process_outputs if site is not None else None,
+            cfg.process_outputs,
+            "process_outputs",
+        ),
+    )
+
+
+def _processed(
+    value: Any,
+    own: Callable[[Any], Any] | None,
+    everywhere: Callable[[Any], Any] | None,
+    which: str,
+) -> tuple[bool, Any]:
+    """(present, value after the decorator's hook, then the global one)."""
+    if value is UNSET:
+        return (False, None)
+    if own is not None:
+        value = _run_hook(own, value, which)
+    if everywhere is not None:
+        value = _run_hook(everywhere, value, which)
+    return (True, value)
 
 
 _code_cache: dict[CallSite, tuple[tuple[str, AttrValue], ...]] = {}
