@@ -1017,45 +1017,63 @@ _SCALARS = frozenset((int, float, bool, type(None)))
 def needs_offload(span: Span, cfg: Config) -> bool:
     """Whether this span carries enough string/bytes payload to serialize in a worker.
 
-    Visits at most ~200 values (breadth first from the top), summing the sizes of strings,
-    bytes and arrays; structure-heavy values never qualify (they serialize faster inline)."""
+    Visits at most ~200 containers and values, summing the sizes of strings, bytes and arrays;
+    structure-heavy values never qualify (they serialize faster inline). It runs for every
+    span on the flusher, so scalars and strings are settled where they are found and only
+    containers are stacked for later."""
     if not cfg.offload:
         return False
     threshold = cfg.offload_threshold_bytes
-    queue: deque[Any] = deque()
+    stack: list[Any] = []
     if span.inputs is not UNSET:
-        queue.append(span.inputs)
+        stack.append(span.inputs)
     if span.output is not UNSET:
-        queue.append(span.output)
+        stack.append(span.output)
     if span.attributes:
-        queue.append(span.attributes)
+        stack.append(span.attributes)
     total = 0
     budget = _OFFLOAD_BUDGET
+    scalars = _SCALARS
     try:
-        while queue and budget > 0:
-            v = queue.popleft()
+        while stack and budget > 0:
+            v = stack.pop()
             budget -= 1
             cls = type(v)
-            if cls is str or cls is bytes or cls is bytearray:
-                total += len(v)
-            elif cls in _SCALARS:
-                # Most leaves: skip them before the probing below (a failed hasattr raises and
-                # catches an AttributeError, which costs more than everything else here).
-                continue
-            elif cls is dict:
-                queue.extend(v.values())
+            values: Any
+            if cls is dict:
+                values = v.values()
             elif cls is list or cls is tuple:
-                queue.extend(v if len(v) <= budget else v[:budget])
-            elif cls is memoryview:
-                total += v.nbytes
-            elif isinstance(v, str):
-                total += len(v)
+                values = v if len(v) <= budget else v[:budget]
             else:
-                nbytes = getattr(v, "nbytes", None) if hasattr(v, "__array_interface__") else None
-                if type(nbytes) is int:
-                    total += nbytes
-            if total >= threshold:
-                return True
+                values = (v,)
+            for x in values:
+                t = type(x)
+                if t in scalars:
+                    continue
+                budget -= 1
+                if t is str or t is bytes or t is bytearray:
+                    total += len(x)
+                elif t is dict or t is list or t is tuple:
+                    stack.append(x)
+                    continue
+                else:
+                    total += _leaf_size(x)
+                if total >= threshold:
+                    return True
     except Exception:
         return False
     return False
+
+
+def _leaf_size(v: Any) -> int:
+    """What a non-container value adds to the offload decision: arrays and memoryviews by
+    their buffer, str subclasses by length, anything else nothing."""
+    if type(v) is memoryview:
+        return int(v.nbytes)
+    if isinstance(v, str):
+        return len(v)
+    if hasattr(v, "__array_interface__"):
+        nbytes = getattr(v, "nbytes", None)
+        if type(nbytes) is int:
+            return nbytes
+    return 0
