@@ -23,11 +23,14 @@ from typing import Any
 import httpx
 import uvicorn
 
+sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+
 from looptrace import _semconv as sc
 from looptrace._store import Store
 from looptrace._wire import DecodedSpan
 from looptrace.collector import viewer
 from looptrace.collector.app import create_app
+from store_support import decoded_span
 
 TRACES = 10_000
 SPANS_PER_TRACE = 6
@@ -47,23 +50,17 @@ def _span(
     attributes: dict[str, Any],
     status: int = 0,
 ) -> DecodedSpan:
-    return DecodedSpan(
-        trace_id=f"{trace:032x}",
-        span_id=f"{span:016x}",
-        parent_span_id=None if parent is None else f"{parent:016x}",
-        name=name,
-        kind=1,
-        start_ns=start,
-        end_ns=end,
+    return decoded_span(
+        trace,
+        span,
+        parent,
+        name,
+        start,
+        end,
         attributes=attributes,
-        events=[],
-        links=[],
-        status_code=status,
-        status_message="",
-        trace_state="",
+        status=status,
         resource={"service.name": "bench"},
-        scope_name="bench",
-        scope_version="0",
+        scope=("bench", "0"),
     )
 
 

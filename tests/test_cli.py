@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from looptrace import cli
 from looptrace._store import Store
 from looptrace._wire import DecodedSpan
+from store_support import decoded_span
 
 NOW = time.time_ns()
 
@@ -23,23 +24,18 @@ def dspan(
     trace: int, span: int, parent: int | None = None, name: str = "op", **kw: object
 ) -> DecodedSpan:
     start = NOW + span * 1000
-    return DecodedSpan(
-        trace_id=f"{trace:032x}",
-        span_id=f"{span:016x}",
-        parent_span_id=None if parent is None else f"{parent:016x}",
-        name=name,
-        kind=1,
-        start_ns=start,
-        end_ns=start + int(kw.get("duration", 2_500_000)),  # type: ignore[call-overload]
+    return decoded_span(
+        trace,
+        span,
+        parent,
+        name,
+        start,
+        start + int(kw.get("duration", 2_500_000)),  # type: ignore[call-overload]
         attributes=dict(kw.get("attributes", {})),  # type: ignore[call-overload]
-        events=[],
-        links=[],
-        status_code=int(kw.get("status", 0)),  # type: ignore[call-overload]
-        status_message=str(kw.get("message", "")),
-        trace_state="",
+        status=int(kw.get("status", 0)),  # type: ignore[call-overload]
+        message=str(kw.get("message", "")),
         resource={"service.name": "svc"},
-        scope_name="t",
-        scope_version="",
+        scope=("t", ""),
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import email.utils
+import functools
 import logging
 import threading
 from collections.abc import Iterator
@@ -25,8 +26,10 @@ from looptrace._transport import (
     parse_retry_after,
 )
 from otlp_server import OtlpTestServer
+from pipeline_support import install_pipeline, make_spans
 
 FAST_RETRY = RetryPolicy(base_delay=0.01, max_delay=0.05, budget=10.0)
+use = functools.partial(install_pipeline, retry=FAST_RETRY)
 
 
 @pytest.fixture
@@ -37,20 +40,6 @@ def server() -> Iterator[OtlpTestServer]:
         srv.release()
     bad = [r.error for r in srv.requests if r.error is not None and r.error != "reset"]
     assert not bad, f"requests that did not decode: {bad}"
-
-
-def use(server: OtlpTestServer, retry: RetryPolicy = FAST_RETRY, **cfg: Any) -> _pipeline.Pipeline:
-    """Install a pipeline sending to ``server`` (flush interval short unless given)."""
-    cfg.setdefault("flush_interval", 0.05)
-    config = looptrace.Config.from_env(endpoint=server.endpoint, **cfg)
-    return _pipeline.install(_pipeline.Pipeline(config, retry_policy=retry))
-
-
-def make_spans(count: int, prefix: str = "s", payload: str = "") -> None:
-    for i in range(count):
-        with looptrace.span(f"{prefix}{i}") as s:
-            if payload:
-                s.set_attribute("payload", payload)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ and backpressure. Every test runs against the real OTLP test server on 127.0.0.1
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -14,16 +15,16 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import looptrace
-from looptrace import _pipeline
 from looptrace._transport import RetryPolicy
 from otlp_server import OtlpTestServer
+from pipeline_support import install_pipeline, make_spans
 
 FAST_RETRY = RetryPolicy(base_delay=0.02, max_delay=0.2, budget=20.0)
+use = functools.partial(install_pipeline, retry=FAST_RETRY)
 
 
 @pytest.fixture
@@ -34,19 +35,6 @@ def server() -> Iterator[OtlpTestServer]:
         srv.release()
     bad = [r.error for r in srv.requests if r.error not in (None, "reset")]
     assert not bad, bad
-
-
-def use(server: OtlpTestServer, retry: RetryPolicy = FAST_RETRY, **cfg: Any) -> _pipeline.Pipeline:
-    cfg.setdefault("flush_interval", 0.05)
-    config = looptrace.Config.from_env(endpoint=server.endpoint, **cfg)
-    return _pipeline.install(_pipeline.Pipeline(config, retry_policy=retry))
-
-
-def make_spans(count: int, prefix: str = "s", payload: str = "") -> None:
-    for i in range(count):
-        with looptrace.span(f"{prefix}{i}") as s:
-            if payload:
-                s.set_attribute("payload", payload)
 
 
 async def test_a_503_storm_loses_nothing(server: OtlpTestServer) -> None:

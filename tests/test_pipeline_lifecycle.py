@@ -4,6 +4,7 @@ in-progress records for long roots, shutdown, and interpreter exit."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import subprocess
 import sys
@@ -11,7 +12,6 @@ import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,8 +19,10 @@ import looptrace
 from looptrace import _pipeline
 from looptrace._transport import RetryPolicy
 from otlp_server import OtlpTestServer
+from pipeline_support import install_pipeline, make_spans
 
 FAST_RETRY = RetryPolicy(base_delay=0.02, max_delay=0.2, budget=20.0)
+use = functools.partial(install_pipeline, retry=FAST_RETRY)
 
 
 @pytest.fixture
@@ -32,18 +34,6 @@ def server() -> Iterator[OtlpTestServer]:
     bad = [r.error for r in srv.requests if r.error is not None]
     assert not bad, bad
     assert looptrace.statistics().internal_errors == {}
-
-
-def use(server: OtlpTestServer, **cfg: Any) -> _pipeline.Pipeline:
-    cfg.setdefault("flush_interval", 0.05)
-    config = looptrace.Config.from_env(endpoint=server.endpoint, **cfg)
-    return _pipeline.install(_pipeline.Pipeline(config, retry_policy=FAST_RETRY))
-
-
-def make_spans(count: int, prefix: str = "s") -> None:
-    for i in range(count):
-        with looptrace.span(f"{prefix}{i}"):
-            pass
 
 
 def test_many_asyncio_runs_in_one_process(server: OtlpTestServer) -> None:

@@ -14,6 +14,7 @@ import pytest
 from looptrace import _otlp, _store
 from looptrace._store import SCHEMA_VERSION, Store, StoreError, StoreTransport, span_from_row
 from looptrace._wire import DecodedSpan, WireSpan
+from store_support import decoded_span
 
 NOW = time.time_ns()
 RESOURCE = {"service.name": "svc", "telemetry.sdk.name": "looptrace"}
@@ -32,23 +33,18 @@ def dspan(
     resource: dict[str, Any] | None = None,
 ) -> DecodedSpan:
     start_ns = NOW + start
-    return DecodedSpan(
-        trace_id=f"{trace:032x}",
-        span_id=f"{span:016x}",
-        parent_span_id=None if parent is None else f"{parent:016x}",
-        name=name,
-        kind=1,
-        start_ns=start_ns,
-        end_ns=0 if end is None else start_ns + end,
-        attributes=dict(attributes or {}),
-        events=[],
-        links=[],
-        status_code=status,
-        status_message=message,
-        trace_state="",
-        resource=dict(RESOURCE if resource is None else resource),
-        scope_name="looptrace",
-        scope_version="0.1.0",
+    return decoded_span(
+        trace,
+        span,
+        parent,
+        name,
+        start_ns,
+        0 if end is None else start_ns + end,
+        attributes=attributes,
+        status=status,
+        message=message,
+        resource=RESOURCE if resource is None else resource,
+        scope=("looptrace", "0.1.0"),
     )
 
 

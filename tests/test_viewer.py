@@ -26,6 +26,7 @@ import pytest
 from looptrace import _semconv as sc
 from looptrace._store import Store
 from looptrace._wire import DecodedSpan
+from store_support import decoded_span
 
 uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
@@ -63,23 +64,18 @@ needs_chromium = pytest.mark.skipif(
 def _span(
     trace: int, span: int, parent: int | None, name: str, start: int, end: int, **kw: Any
 ) -> DecodedSpan:
-    return DecodedSpan(
-        trace_id=f"{trace:032x}",
-        span_id=f"{span:016x}",
-        parent_span_id=None if parent is None else f"{parent:016x}",
-        name=name,
-        kind=1,
-        start_ns=start,
-        end_ns=end,
+    return decoded_span(
+        trace,
+        span,
+        parent,
+        name,
+        start,
+        end,
         attributes=kw.get("attributes", {}),
         events=kw.get("events", []),
-        links=[],
-        status_code=kw.get("status_code", 0),
-        status_message="",
-        trace_state="",
+        status=kw.get("status_code", 0),
         resource={"service.name": "viewer-test"},
-        scope_name="test",
-        scope_version="0",
+        scope=("test", "0"),
     )
 
 

@@ -873,6 +873,13 @@ def _skeleton(span: Span, cfg: Config, pol: Policy) -> WireSpan:
                 ctx.is_remote,
             )
         )
+    return _wire_for(span, list(attrs.items()), _events(span, pol), links)
+
+
+def _wire_for(
+    span: Span, attributes: Attributes, events: list[WireEvent], links: list[WireLink]
+) -> WireSpan:
+    """The span's identity, timing and status, with the given attributes, events and links."""
     return WireSpan(
         span.trace_id,
         span.span_id,
@@ -881,8 +888,8 @@ def _skeleton(span: Span, cfg: Config, pol: Policy) -> WireSpan:
         span.kind,
         span.start_ns,
         span.end_ns,
-        list(attrs.items()),
-        _events(span, pol),
+        attributes,
+        events,
         links,
         span.status_code,
         span.status_message,
@@ -957,21 +964,7 @@ def to_wire(span: Span, cfg: Config) -> WireSpan:
         from ._errors import internal_error
 
         internal_error("serialize.to_wire", exc)
-        return WireSpan(
-            span.trace_id,
-            span.span_id,
-            span.parent_span_id,
-            span.name,
-            span.kind,
-            span.start_ns,
-            span.end_ns,
-            [("looptrace.serialization_error", _qualified_type(exc))],
-            [],
-            [],
-            span.status_code,
-            span.status_message,
-            span.trace_state,
-        )
+        return _wire_for(span, [("looptrace.serialization_error", _qualified_type(exc))], [], [])
 
 
 # --------------------------------------------------------------------------- sizing

@@ -1,0 +1,27 @@
+"""Helpers the pipeline tests share: install a pipeline aimed at a test server, make spans."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import looptrace
+from looptrace import _pipeline
+from looptrace._transport import RetryPolicy
+from otlp_server import OtlpTestServer
+
+
+def install_pipeline(
+    server: OtlpTestServer, *, retry: RetryPolicy, **cfg: Any
+) -> _pipeline.Pipeline:
+    """Install a pipeline sending to ``server`` (a short flush interval unless given)."""
+    cfg.setdefault("flush_interval", 0.05)
+    config = looptrace.Config.from_env(endpoint=server.endpoint, **cfg)
+    return _pipeline.install(_pipeline.Pipeline(config, retry_policy=retry))
+
+
+def make_spans(count: int, prefix: str = "s", payload: str = "") -> None:
+    """End ``count`` root spans named prefix0, prefix1...; each carries ``payload`` if given."""
+    for i in range(count):
+        with looptrace.span(f"{prefix}{i}") as s:
+            if payload:
+                s.set_attribute("payload", payload)
