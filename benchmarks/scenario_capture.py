@@ -87,7 +87,7 @@ def main() -> None:
     from otlp_server import OtlpServerProcess
 
     # The server runs in another process so its CPU never counts against the caller.
-    with OtlpServerProcess() as server:
+    with OtlpServerProcess(defer_decode=True) as server:
         looptrace.configure(endpoint=server.endpoint, service_name="bench")
         provider, tracer = otel_tracer(server.endpoint)
         o_sync, o_async = otel_wrap(tracer, work)[0], otel_wrap(tracer, awork)[1]

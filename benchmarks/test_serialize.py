@@ -8,6 +8,7 @@ import pytest
 
 from looptrace import _otlp, _serialize
 from looptrace._config import Config
+from looptrace._encode import SpanEncoder
 from looptrace._span import Span
 from scenario_large_payloads import string_payload, structure_payload
 
@@ -23,9 +24,17 @@ def span_with(inputs: Any, output: Any) -> Span:
 
 
 def test_to_wire_small_span(benchmark: Any) -> None:
-    """A span with three short arguments and a short output: the common case."""
+    """A span with three short arguments and a short output: the common case, through the
+    general route (a WireSpan first, used for OTLP/JSON, events and links)."""
     span = span_with({"a": 1, "b": "hello", "c": [1, 2, 3]}, {"r": 1})
-    benchmark(_serialize.to_wire, span, CFG)
+    benchmark(lambda: _otlp.encode_span(_serialize.to_wire(span, CFG), "protobuf"))
+
+
+def test_plan_and_encode_small_span(benchmark: Any) -> None:
+    """The same span as the flusher encodes it: the planning walk, then the direct route."""
+    span = span_with({"a": 1, "b": "hello", "c": [1, 2, 3]}, {"r": 1})
+    enc = SpanEncoder(CFG)
+    benchmark(lambda: enc.encode(span, enc.plan(span)))
 
 
 def test_to_json_small_value_with_secret_key(benchmark: Any) -> None:
@@ -52,7 +61,7 @@ def test_estimate_size(benchmark: Any) -> None:
     benchmark(_serialize.estimate_size, span)
 
 
-def test_needs_offload_structure(benchmark: Any) -> None:
-    """The bounded walk on a structure-heavy value stops at its node budget."""
+def test_plan_structure(benchmark: Any) -> None:
+    """The bounded planning walk on a structure-heavy value stops at its node budget."""
     span = span_with(structure_payload(165_000), "ok")
-    benchmark(_serialize.needs_offload, span, CFG)
+    benchmark(SpanEncoder(CFG).plan, span)

@@ -13,6 +13,10 @@ records it, and can misbehave on purpose:
         server.span_names(), server.accepted_span_count, server.requests
 
 Import it from other test files as ``from otlp_server import OtlpTestServer``.
+
+Benchmarks pass ``defer_decode=True``: requests are answered 200 at once and decoded when counts
+are asked for, so a fast client is not measured against a server that competes with it for the
+machine's two cores while it runs.
 """
 
 from __future__ import annotations
@@ -105,8 +109,10 @@ def decode_body(body: bytes, content_type: str, content_encoding: str) -> Export
 class OtlpTestServer:
     """A threaded HTTP server recording OTLP trace requests; see the module docstring."""
 
-    def __init__(self, latency: float = 0.0) -> None:
+    def __init__(self, latency: float = 0.0, defer_decode: bool = False) -> None:
         self.latency = latency
+        self.defer_decode = defer_decode
+        self._deferred: list[Received] = []
         self.requests: list[Received] = []
         self._faults: collections.deque[Fault] = collections.deque()
         self._storm_until = 0.0
@@ -140,6 +146,7 @@ class OtlpTestServer:
             def do_GET(self) -> None:
                 # /stats: counts as JSON, for a server running in another process.
                 with owner._cond:
+                    owner._settle()
                     stats = {
                         "requests": len(owner.requests),
                         "accepted_spans": len(owner._accepted),
@@ -245,16 +252,19 @@ class OtlpTestServer:
     def accepted_span_count(self) -> int:
         """Distinct (trace id, span id) pairs in requests answered 2xx (in-progress excluded)."""
         with self._cond:
+            self._settle()
             return len(self._accepted)
 
     @property
     def accepted_record_count(self) -> int:
         """Span records in 2xx requests, duplicates and in-progress records included."""
         with self._cond:
+            self._settle()
             return self._accepted_records
 
     def accepted_spans(self) -> list[ProtoSpan]:
         with self._cond:
+            self._settle()
             return list(self._accepted.values())
 
     def span_names(self) -> list[str]:
@@ -263,6 +273,7 @@ class OtlpTestServer:
     def all_records(self) -> list[ProtoSpan]:
         """Every span record of every 2xx request, in arrival order (in-progress ones too)."""
         with self._cond:
+            self._settle()
             return [s for r in self.requests if 200 <= r.status < 300 for s in r.spans]
 
     @property
@@ -278,12 +289,14 @@ class OtlpTestServer:
         """Block until ``count`` distinct spans were accepted (True) or ``timeout`` passes."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while len(self._accepted) < count:
+            while True:
+                self._settle()
+                if len(self._accepted) >= count:
+                    return True
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
                 self._cond.wait(left)
-            return True
 
     def wait_for_requests(self, count: int, timeout: float = 5.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -295,8 +308,27 @@ class OtlpTestServer:
                 self._cond.wait(left)
             return True
 
+    def _settle(self) -> None:
+        """Decode deferred requests (under the lock); one that does not decode is marked 400."""
+        for received in self._deferred:
+            try:
+                received.request = decode_body(
+                    received.body,
+                    received.headers.get("content-type", ""),
+                    received.headers.get("content-encoding", ""),
+                )
+            except Exception as exc:
+                received.status, received.error = 400, f"{type(exc).__name__}: {exc}"
+                continue
+            for span in received.spans:
+                self._accepted_records += 1
+                if not _is_in_progress(span):
+                    self._accepted[(span.trace_id, span.span_id)] = span
+        self._deferred.clear()
+
     def clear(self) -> None:
         with self._cond:
+            self._deferred.clear()
             self.times.clear()
             self.requests.clear()
             self._accepted.clear()
@@ -349,6 +381,15 @@ class OtlpTestServer:
         status = fault.status
         if h.path != "/v1/traces":
             status, error = 404, "not found"
+        elif self.defer_decode and status == 200:
+            with self._cond:
+                received = Received(h.path, headers, body, status, None)
+                self.requests.append(received)
+                self._deferred.append(received)
+            h.send_response(200)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
         else:
             try:
                 request = decode_body(
@@ -382,8 +423,9 @@ class OtlpServerProcess:
     process being measured (benchmarks). ``stats()`` / ``clear()`` / ``set_latency()`` talk to
     it over HTTP."""
 
-    def __init__(self, latency: float = 0.0) -> None:
+    def __init__(self, latency: float = 0.0, defer_decode: bool = False) -> None:
         self.latency = latency
+        self.defer_decode = defer_decode
         self.port = 0
         self._proc: Any = None
 
@@ -392,7 +434,7 @@ class OtlpServerProcess:
         import sys
 
         self._proc = subprocess.Popen(
-            [sys.executable, __file__, str(self.latency)],
+            [sys.executable, __file__, str(self.latency), str(int(self.defer_decode))],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -440,6 +482,9 @@ def _is_in_progress(span: ProtoSpan) -> bool:
 
 
 if __name__ == "__main__":
-    _server = OtlpTestServer(latency=float(sys.argv[1]) if len(sys.argv) > 1 else 0.0).start()
+    _server = OtlpTestServer(
+        latency=float(sys.argv[1]) if len(sys.argv) > 1 else 0.0,
+        defer_decode=len(sys.argv) > 2 and sys.argv[2] == "1",
+    ).start()
     print(_server.port, flush=True)
     threading.Event().wait()

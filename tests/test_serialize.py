@@ -39,7 +39,7 @@ from looptrace._semconv import (
     INPUT_VALUE,
     OUTPUT_VALUE,
 )
-from looptrace._serialize import REDACTED, estimate_size, needs_offload, to_json, to_wire
+from looptrace._serialize import REDACTED, estimate_size, to_json, to_wire
 from looptrace._span import Span, SpanContext
 from looptrace.testing import capture_spans
 
@@ -648,26 +648,6 @@ def test_estimate_size_counts_top_level_text_only() -> None:
     assert estimate_size(span) >= base + 15_000
     span.inputs = {"a": ["x" * 10_000]}
     assert estimate_size(span) < base + 1_000
-
-
-def test_needs_offload_spots_large_strings_only() -> None:
-    """Large strings or bytes qualify; a structure of many small values never does, and the
-    walk stops after its node budget (a big string hidden past it is not found)."""
-    cfg = CFG.replace(offload_threshold_bytes=100_000)
-    span = Span("s", 1, 2, 0, 10)
-    span.inputs = {"image": "A" * 200_000}
-    assert needs_offload(span, cfg)
-    assert not needs_offload(span, cfg.replace(offload=False))
-    span.inputs = {"rows": [{"id": i, "name": f"n{i}"} for i in range(50_000)]}
-    assert not needs_offload(span, cfg)
-    span.inputs = {"rows": [*range(10_000), "A" * 200_000]}
-    assert not needs_offload(span, cfg)
-    span.inputs = UNSET_ = looptrace._span.UNSET
-    span.output = [b"B" * 60_000, bytearray(60_000)]
-    assert needs_offload(span, cfg)
-    assert span.inputs is UNSET_
-    span.output = np.zeros(20_000)
-    assert needs_offload(span, cfg)
 
 
 def test_remote_parent_flag_reaches_the_wire() -> None:

@@ -308,76 +308,121 @@ def _name_and_kind(name: str, kind: int) -> bytes:
     return piece
 
 
-def _encode_span_pb(w: WireSpan) -> bytes:
-    tid = w.trace_id
-    parent = w.parent_span_id
+def span_head(
+    trace_id: int,
+    span_id: int,
+    parent_span_id: int,
+    trace_state: str,
+    name: str,
+    kind: int,
+    start_ns: int,
+    end_ns: int,
+) -> list[bytes]:
+    """The pieces of a ``Span`` message before its attributes (fields 1 to 8), in a list the
+    caller appends the rest to."""
     # Fields in number order, as the reference encoder writes them: 1, 2, (3), 4, 5, 6...
-    if w.trace_state:
+    if trace_state:
         parts = [
-            _pack_ids(b"\x0a\x10", tid >> 64, tid & _LOW64, b"\x12\x08", w.span_id),
-            _tagged(0x1A, _utf8(w.trace_state)),
+            _pack_ids(b"\x0a\x10", trace_id >> 64, trace_id & _LOW64, b"\x12\x08", span_id),
+            _tagged(0x1A, _utf8(trace_state)),
         ]
-        if parent:
-            parts.append(_PARENT_TAG + parent.to_bytes(8, "big"))
-    elif parent:
+        if parent_span_id:
+            parts.append(_PARENT_TAG + parent_span_id.to_bytes(8, "big"))
+    elif parent_span_id:
         parts = [
             _pack_ids_parent(
-                b"\x0a\x10", tid >> 64, tid & _LOW64, b"\x12\x08", w.span_id, _PARENT_TAG, parent
+                b"\x0a\x10",
+                trace_id >> 64,
+                trace_id & _LOW64,
+                b"\x12\x08",
+                span_id,
+                _PARENT_TAG,
+                parent_span_id,
             )
         ]
     else:
-        parts = [_pack_ids(b"\x0a\x10", tid >> 64, tid & _LOW64, b"\x12\x08", w.span_id)]
-    append = parts.append
-    name_kind = (w.name, w.kind)
-    append(_NAME_CACHE.get(name_kind) or _name_and_kind(*name_kind))
-    if w.end_ns:
-        append(_pack_times(0x39, w.start_ns, 0x41, w.end_ns))
+        parts = [_pack_ids(b"\x0a\x10", trace_id >> 64, trace_id & _LOW64, b"\x12\x08", span_id)]
+    parts.append(_NAME_CACHE.get((name, kind)) or _name_and_kind(name, kind))
+    if end_ns:
+        parts.append(_pack_times(0x39, start_ns, 0x41, end_ns))
     else:
         # An in-progress record: end time 0 is the proto3 default, so it is left out.
-        append(b"\x39" + _pack_fixed64(w.start_ns))
+        parts.append(b"\x39" + _pack_fixed64(start_ns))
+    return parts
 
+
+def span_attributes(attributes: Attributes, parts: list[bytes]) -> None:
+    """Append each attribute as a ``Span.attributes`` field (9)."""
+    append = parts.append
     cache = _ATTR_CACHE
     keys = _KEY_CACHE
-    for k, v in w.attributes:
+    for k, v in attributes:
         if type(v) is str:
             piece = cache.get((k, v))
             if piece is not None:
                 append(piece)
                 continue
-            kp = keys.get(k) or _key_prefix(k)
             try:
                 vb = v.encode()
             except UnicodeEncodeError:
                 vb = v.encode("utf-8", "replace")
-            n = len(vb)
-            if n < 126:
-                # AnyValue is "\x0a <n> value": n + 2 bytes, itself under 128, so 1-byte length.
-                kv_len = len(kp) + n + 3
-                head = _KV_HEAD[kv_len] if kv_len < 128 else b"\x4a" + _varint(kv_len)
-                if k in _UNCACHED_KEYS:
-                    parts += (head, kp, _STR_HEAD[n], vb)
-                    continue
-                piece = b"".join((head, kp, _STR_HEAD[n], vb))
-                if len(cache) >= _ATTR_CACHE_MAX:
-                    cache.clear()
-                cache[(k, v)] = piece
-                append(piece)
-            else:
-                nv = _varint(n)
-                av_len = 1 + len(nv) + n
-                nav = _varint(av_len)
-                append(b"\x4a")
-                append(_varint(len(kp) + len(nav) + av_len))
-                append(kp)
-                append(nav)
-                append(b"\x0a")
-                append(nv)
-                append(vb)
+            if k in _UNCACHED_KEYS or len(vb) >= 126:
+                parts += string_attribute(k, vb)
+                continue
+            piece = b"".join(string_attribute(k, vb))
+            if len(cache) >= _ATTR_CACHE_MAX:
+                cache.clear()
+            cache[(k, v)] = piece
+            append(piece)
         else:
             kp = keys.get(k) or _key_prefix(k)
             av = _any_value(v)
             nav = _varint(len(av))
             append(b"\x4a" + _varint(len(kp) + len(nav) + len(av)) + kp + nav + av)
+
+
+def string_attribute(key: str, value: bytes) -> tuple[bytes, ...]:
+    """The pieces of one ``Span.attributes`` field whose value is a string, given as UTF-8."""
+    kp = _KEY_CACHE.get(key) or _key_prefix(key)
+    n = len(value)
+    if n < 126:
+        # AnyValue is "\x0a <n> value": n + 2 bytes, itself under 128, so 1-byte length.
+        kv_len = len(kp) + n + 3
+        head = _KV_HEAD[kv_len] if kv_len < 128 else b"\x4a" + _varint(kv_len)
+        return (head, kp, _STR_HEAD[n], value)
+    nv = _varint(n)
+    av_len = 1 + len(nv) + n
+    nav = _varint(av_len)
+    return (b"\x4a" + _varint(len(kp) + len(nav) + av_len) + kp + nav + b"\x0a" + nv, value)
+
+
+def span_tail(status_code: int, status_message: str, parent_is_remote: bool) -> bytes:
+    """The ``Span`` fields after events and links: status (15) and flags (16)."""
+    # Every exported span was sampled; whether its parent is remote is known, so say so.
+    flags = _SPAN_FLAGS_REMOTE if parent_is_remote else _SPAN_FLAGS_LOCAL
+    if not (status_code or status_message):
+        return flags
+    status = b""
+    if status_message:
+        status = _tagged(0x12, _utf8(status_message))
+    if status_code:
+        status += b"\x18" + _varint(status_code)
+    return b"\x7a" + _varint(len(status)) + status + flags
+
+
+def _encode_span_pb(w: WireSpan) -> bytes:
+    parts = span_head(
+        w.trace_id,
+        w.span_id,
+        w.parent_span_id,
+        w.trace_state,
+        w.name,
+        w.kind,
+        w.start_ns,
+        w.end_ns,
+    )
+    span_attributes(w.attributes, parts)
+    append = parts.append
     if w.dropped_attributes:
         append(b"\x50" + _varint(w.dropped_attributes))
     if w.events:
@@ -403,15 +448,7 @@ def _encode_span_pb(w: WireSpan) -> bytes:
             lparts.append(b"\x35" + _pack_fixed32(lflags))
             body = b"".join(lparts)
             append(b"\x6a" + _varint(len(body)) + body)
-    if w.status_code or w.status_message:
-        status = b""
-        if w.status_message:
-            status = _tagged(0x12, _utf8(w.status_message))
-        if w.status_code:
-            status += b"\x18" + _varint(w.status_code)
-        append(b"\x7a" + _varint(len(status)) + status)
-    # Every exported span was sampled; whether its parent is remote is known, so say so.
-    append(_SPAN_FLAGS_REMOTE if w.parent_is_remote else _SPAN_FLAGS_LOCAL)
+    append(span_tail(w.status_code, w.status_message, w.parent_is_remote))
     return b"".join(parts)
 
 

@@ -263,13 +263,12 @@ class Pipeline:
 
         self._resource = _otlp.default_resource(self.cfg)
         self._content_type = _otlp.content_type(self.cfg.encoding)
-        self._encode_span = _otlp.encode_span
         self._encode_request = _otlp.encode_request
         self._compress = _otlp.compress
         from . import _serialize
+        from ._encode import SpanEncoder
 
-        self._to_wire: Callable[[Span, Config], Any] = _serialize.to_wire
-        self._needs_offload: Callable[[Span, Config], bool] | None = _serialize.needs_offload
+        self._span_encoder = SpanEncoder(self.cfg)
         if self.cfg.offload:
             try:
                 from ._offload import Offloader
@@ -512,30 +511,33 @@ class Pipeline:
         task.add_done_callback(home.senders.discard)
 
     async def _encode(self, batch: Batch) -> list[Batch]:
-        """to_wire + encode_span for each span, in ~1 ms slices; split by exact bytes."""
+        """Encode each span (or hand it to a worker), in ~1 ms slices; split by exact bytes."""
         spans = batch.spans or []
         batch.spans = None
         cfg = self.cfg
         encoding = cfg.encoding
-        to_wire, encode_span = self._to_wire, self._encode_span
-        needs_offload = self._needs_offload if self._offloader is not None else None
+        from ._encode import OFFLOAD
+
+        plan, encode = self._span_encoder.plan, self._span_encoder.encode
+        offloader = self._offloader
         chunks: list[bytes | None] = [None] * len(spans)
         offloaded: list[tuple[int, Any]] = []
         clock = time.perf_counter
         started = clock()
         for i, span in enumerate(spans):
             try:
-                if needs_offload is not None and needs_offload(span, cfg):
-                    if self._offloader.state in ("unstarted", "broken"):
+                flags = plan(span)
+                if flags & OFFLOAD and offloader is not None:
+                    if offloader.state in ("unstarted", "broken"):
                         # Start the pool before the first handoff, so that every handoff of
                         # this drain happens inside a time slice, not all at once after it.
-                        await self._offloader.ready()
+                        await offloader.ready()
                         started = clock()
                     # The handoff (hooks, pickling) runs here, inside the time slice, so a drain
                     # of many large spans yields between them; only the results are awaited.
-                    offloaded.append((i, self._offloader.submit(span, cfg, encoding)))
+                    offloaded.append((i, offloader.submit(span, cfg, encoding)))
                 else:
-                    chunks[i] = encode_span(to_wire(span, cfg), encoding)
+                    chunks[i] = encode(span, flags)
             except Exception as exc:
                 _report_internal("pipeline.encode", exc)
             if clock() - started > SLICE_SECONDS:
@@ -603,7 +605,7 @@ class Pipeline:
         chunks = []
         for span in due:
             try:
-                chunks.append(self._encode_span(self._to_wire(span, self.cfg), self.cfg.encoding))
+                chunks.append(self._span_encoder.encode(span, 0))
             except Exception as exc:
                 _report_internal("pipeline.in_progress", exc)
         if not chunks:

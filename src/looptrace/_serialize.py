@@ -3,7 +3,6 @@
     to_json(value, cfg)   -> str       one value as JSON text; never raises
     to_wire(span, cfg)    -> WireSpan  a whole span (attributes, payloads, events, links)
     estimate_size(span)   -> int       O(top-level arguments) guess for buffer accounting
-    needs_offload(span, cfg) -> bool   bounded walk: is this worth a worker process?
 
 Two paths. The fast path is one ``orjson.dumps`` call with a ``default`` hook for the types
 orjson does not know; it covers almost every value. When orjson refuses (a cycle, nesting past
@@ -57,8 +56,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Policy",
+    "capped",
     "estimate_size",
-    "needs_offload",
+    "leaf_size",
     "policy",
     "snapshot",
     "stats",
@@ -126,6 +126,7 @@ class Policy:
         "_any_first",
         "_firsts",
         "_key_cache",
+        "_plain_keys",
         "_raw_cache",
         "_words",
         "default",
@@ -149,6 +150,7 @@ class Policy:
         # anywhere in its text) before any Python-level look at its keys.
         self._firsts = re.compile(b"|".join(re.escape(f) for f in firsts) or b"(?!)")
         self._key_cache: dict[str, bool] = {}
+        self._plain_keys: set[str] = set()
         self._raw_cache: dict[bytes, bool] = {}
         self.default: Callable[[Any], Any] = self._default
 
@@ -165,6 +167,20 @@ class Policy:
                 self._key_cache.clear()
             self._key_cache[key] = hit
         return hit
+
+    def plain_keys(self, d: dict[Any, Any]) -> bool:
+        """Whether every key of ``d`` is a string that is not secret. Keys found plain are
+        remembered, so a dict with familiar keys is checked by one set comparison, in C."""
+        plain = self._plain_keys
+        for k in d:
+            if k in plain:
+                continue
+            if type(k) is not str or self.is_secret(k):
+                return False
+            if len(plain) >= _CACHE_MAX:
+                plain.clear()
+            plain.add(k)
+        return True
 
     def maybe_secret(self, out: bytes) -> bool:
         """Cheap check on orjson output: could any object key in it be secret?
@@ -630,8 +646,11 @@ def _big_int(v: int) -> str:
 # --------------------------------------------------------------------------- values
 
 
-def _dumps(value: Any, pol: Policy) -> bytes:
-    """JSON bytes for ``value`` under ``pol``; never raises, never exceeds the value cap."""
+def _dumps(value: Any, pol: Policy, keys_clean: bool = False) -> bytes:
+    """JSON bytes for ``value`` under ``pol``; never raises, never exceeds the value cap.
+
+    ``keys_clean``: a walk of ``value`` already showed it holds no secret key (see
+    :func:`plan`), so the output is not scanned for one."""
     out: bytes | None
     try:
         out = orjson.dumps(value, default=pol.default, option=_OPTS)
@@ -640,7 +659,7 @@ def _dumps(value: Any, pol: Policy) -> bytes:
     if (
         out is not None
         and len(out) <= pol.max_value_bytes
-        and not (pol.redact and pol.maybe_secret(out))
+        and (keys_clean or not (pol.redact and pol.maybe_secret(out)))
     ):
         return out
     return _careful(value, pol, out)
@@ -926,19 +945,27 @@ def finish(
         payloads.append((OUTPUT_VALUE, OUTPUT_MIME_TYPE, _dumps(output[1], pol)))
     if payloads:
         attrs = wire.attributes
-        total = 0
-        for p in payloads:
-            total += len(p[2])
-        other = 0
+        text_len = 0
         for _, v in attrs:
             if type(v) is str:
-                other += len(v)
-        if total + other > max_span_bytes:
-            payloads = _fit(payloads, max(max_span_bytes - other, 1024))
-        for key, mime, body in payloads:
+                text_len += len(v)
+        for key, mime, body in capped(payloads, text_len, max_span_bytes):
             attrs.append((key, body.decode("utf-8")))
             attrs.append((mime, JSON_MIME))
     return wire
+
+
+def capped(
+    payloads: list[tuple[str, str, bytes]], text_len: int, max_span_bytes: int
+) -> list[tuple[str, str, bytes]]:
+    """``payloads`` (key, mime type, JSON) cut to fit the per-span cap next to ``text_len``
+    characters of other string attributes."""
+    total = 0
+    for p in payloads:
+        total += len(p[2])
+    if total + text_len <= max_span_bytes:
+        return payloads
+    return _fit(payloads, max(max_span_bytes - text_len, 1024))
 
 
 def _fit(payloads: list[tuple[str, str, bytes]], budget: int) -> list[tuple[str, str, bytes]]:
@@ -1003,62 +1030,7 @@ def estimate_size(span: Span) -> int:
     return n
 
 
-_OFFLOAD_BUDGET = 200
-_SCALARS = frozenset((int, float, bool, type(None)))
-
-
-def needs_offload(span: Span, cfg: Config) -> bool:
-    """Whether this span carries enough string/bytes payload to serialize in a worker.
-
-    Visits at most ~200 containers and values, summing the sizes of strings, bytes and arrays;
-    structure-heavy values never qualify (they serialize faster inline). It runs for every
-    span on the flusher, so scalars and strings are settled where they are found and only
-    containers are stacked for later."""
-    if not cfg.offload:
-        return False
-    threshold = cfg.offload_threshold_bytes
-    stack: list[Any] = []
-    if span.inputs is not UNSET:
-        stack.append(span.inputs)
-    if span.output is not UNSET:
-        stack.append(span.output)
-    if span.attributes:
-        stack.append(span.attributes)
-    total = 0
-    budget = _OFFLOAD_BUDGET
-    scalars = _SCALARS
-    try:
-        while stack and budget > 0:
-            v = stack.pop()
-            budget -= 1
-            cls = type(v)
-            values: Any
-            if cls is dict:
-                values = v.values()
-            elif cls is list or cls is tuple:
-                values = v if len(v) <= budget else v[:budget]
-            else:
-                values = (v,)
-            for x in values:
-                t = type(x)
-                if t in scalars:
-                    continue
-                budget -= 1
-                if t is str or t is bytes or t is bytearray:
-                    total += len(x)
-                elif t is dict or t is list or t is tuple:
-                    stack.append(x)
-                    continue
-                else:
-                    total += _leaf_size(x)
-                if total >= threshold:
-                    return True
-    except Exception:
-        return False
-    return False
-
-
-def _leaf_size(v: Any) -> int:
+def leaf_size(v: Any) -> int:
     """What a non-container value adds to the offload decision: arrays and memoryviews by
     their buffer, str subclasses by length, anything else nothing."""
     if type(v) is memoryview:

@@ -1,0 +1,281 @@
+"""The flusher's per-span step: plan how to serialize a span, then write its encoded chunk.
+
+    enc = SpanEncoder(cfg)
+    flags = enc.plan(span)      -> OFFLOAD | CLEAN | HOOKED   one bounded walk over the values
+    chunk = enc.encode(span, flags)  -> bytes                 what encode_request splices in
+
+Two routes to the same bytes. The general one is ``_otlp.encode_span(_serialize.to_wire(...))``:
+a :class:`~looptrace._wire.WireSpan` first, then its encoding; it handles everything (events,
+links, in-progress records, OTLP/JSON). Most spans are a name, ids, times, the attributes their
+decorator fixed, perhaps a few of their own, and an input and an output: for those, in protobuf,
+``encode`` writes the message straight from the span. The decorator's attributes are encoded
+once per call site and reused; the payloads go from orjson's bytes to the wire with no str in
+between; no WireSpan, attribute list or tuple is built. The planning walk also settles whether
+the payloads can hold a secret key, so their JSON is scanned for one only when it might. That is
+most of the flusher's CPU per span (docs/performance.md). The tests check both routes give
+identical bytes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import itertools
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from . import _otlp, _serialize
+from ._semconv import INPUT_MIME_TYPE, INPUT_VALUE, JSON_MIME, OUTPUT_MIME_TYPE, OUTPUT_VALUE
+from ._span import UNSET, CallSite, Span
+from ._wire import AttrValue
+
+if TYPE_CHECKING:
+    from ._config import Config
+
+__all__ = ["CLEAN", "HOOKED", "OFFLOAD", "SpanEncoder"]
+
+OFFLOAD = 1
+"""Enough string/bytes payload to serialize in a worker process."""
+CLEAN = 2
+"""The walk saw every object key the input and output can produce, and none is secret: their
+JSON need not be scanned for secret keys."""
+HOOKED = 4
+"""A ``process_inputs``/``process_outputs`` hook applies to this span."""
+
+_WALK_BUDGET = 256
+# What the walk passes over: scalars (no size, no keys) and an unset input or output.
+_SKIP = frozenset((int, float, bool, type(None), type(UNSET)))
+# Leaves whose JSON can never hold an object key (so never a secret one).
+_KEYLESS = frozenset(
+    (
+        str,
+        bytes,
+        bytearray,
+        datetime.datetime,
+        datetime.date,
+        datetime.time,
+        datetime.timedelta,
+        uuid.UUID,
+        decimal.Decimal,
+    )
+)
+
+_span_head = _otlp.span_head
+_span_attributes = _otlp.span_attributes
+_string_attribute = _otlp.string_attribute
+_dumps = _serialize._dumps
+_FLAGS = (_otlp.span_tail(0, "", False), _otlp.span_tail(0, "", True))
+_JSON_MIME = JSON_MIME.encode()
+_MIME_PIECE = {
+    INPUT_MIME_TYPE: b"".join(_string_attribute(INPUT_MIME_TYPE, _JSON_MIME)),
+    OUTPUT_MIME_TYPE: b"".join(_string_attribute(OUTPUT_MIME_TYPE, _JSON_MIME)),
+}
+_IN_MIME = _MIME_PIECE[INPUT_MIME_TYPE]
+_OUT_MIME = _MIME_PIECE[OUTPUT_MIME_TYPE]
+
+
+class _SiteBlock:
+    """A call site's attributes (its decorator's, then code.*), encoded once per policy."""
+
+    __slots__ = ("encoded", "keys", "redactions", "text_len")
+
+    def __init__(self, site: CallSite, pol: _serialize.Policy) -> None:
+        before = _serialize.stats["redactions"]
+        attrs: dict[str, AttrValue] = {}
+        _serialize._attributes(site.attributes, pol, attrs)
+        attrs.update(_serialize._code_attributes(site))
+        items = list(attrs.items())
+        parts: list[bytes] = []
+        _span_attributes(items, parts)
+        self.encoded = b"".join(parts)
+        self.keys = frozenset(attrs)
+        # The per-span cap counts attribute text (as ``finish`` does) against the payloads.
+        self.text_len = sum(len(v) for _, v in items if type(v) is str)
+        # Counted on every span that carries them, as the general route counts them.
+        self.redactions = _serialize.stats["redactions"] - before
+        _serialize.stats["redactions"] = before
+
+
+_BLOCKS_MAX = 4096
+
+
+class SpanEncoder:
+    """:meth:`plan` and :meth:`encode` for one configuration (what a drain needs, looked up
+    once instead of once per span)."""
+
+    __slots__ = ("_blocks", "cfg", "encoding", "global_hooks", "max_span_bytes", "pol", "threshold")
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.pol = _serialize.policy(cfg)
+        self.encoding = cfg.encoding
+        self.threshold = cfg.offload_threshold_bytes if cfg.offload else -1
+        self.global_hooks = cfg.process_inputs is not None or cfg.process_outputs is not None
+        self.max_span_bytes = cfg.max_span_bytes
+        self._blocks: dict[CallSite, _SiteBlock] = {}
+
+    def plan(self, span: Span) -> int:
+        """One bounded walk over a span's values, deciding how it is serialized.
+
+        Visits at most ~256 containers and values. Sums the sizes of strings, bytes and arrays
+        (:data:`OFFLOAD` once they pass the offload threshold: structure-heavy values never
+        qualify, they serialize faster inline), and checks the keys of each dict it passes
+        against the redaction rule (:data:`CLEAN` when the walk finished, every key was a
+        string, none was secret, every leaf was of a kind that cannot hold keys and no user
+        hook will change the values). It runs for every span, so scalars and strings are
+        settled where they are found, only containers are stacked, and a dict's keys are
+        checked in one set comparison once they have been seen before."""
+        site = span.site
+        if self.global_hooks or (
+            site is not None and (site.process_inputs or site.process_outputs)
+        ):
+            hooked, clean = HOOKED, False
+        else:
+            hooked, clean = 0, True
+        pol = self.pol
+        threshold = self.threshold
+        check_keys = clean and pol.redact
+        if not check_keys and threshold < 0:
+            return hooked | (CLEAN if clean else 0)
+        stack: list[Any] = [span.inputs, span.output]
+        if span.attributes:
+            # Attribute values count toward the payload size; their top-level keys are not
+            # JSON keys (they are redacted by name when the span is encoded).
+            stack.extend(span.attributes.values())
+        plain = pol._plain_keys
+        total = 0
+        budget = _WALK_BUDGET
+        skip = _SKIP
+        try:
+            while stack:
+                if budget <= 0:
+                    clean = False
+                    break
+                v = stack.pop()
+                cls = type(v)
+                values: Any
+                if cls is dict:
+                    n = len(v)
+                    if n > budget:
+                        clean = check_keys = False
+                        values = itertools.islice(v.values(), budget)
+                    else:
+                        values = v.values()
+                        if check_keys and not (v.keys() <= plain or pol.plain_keys(v)):
+                            clean = check_keys = False
+                    budget -= n + 1
+                elif cls is list or cls is tuple:
+                    n = len(v)
+                    if n > budget:
+                        clean = check_keys = False
+                        values = v[:budget]
+                    else:
+                        values = v
+                    budget -= n + 1
+                else:
+                    values = (v,)
+                    budget -= 1
+                for x in values:
+                    t = type(x)
+                    if t in skip:
+                        continue
+                    if t is str or t is bytes or t is bytearray:
+                        total += len(x)
+                    elif t is dict or t is list or t is tuple:
+                        stack.append(x)
+                        continue
+                    else:
+                        total += _serialize.leaf_size(x)
+                        if t not in _KEYLESS:
+                            clean = check_keys = False
+                    if total >= threshold >= 0:
+                        return OFFLOAD | hooked
+                if not clean and threshold < 0:
+                    return hooked
+        except Exception:
+            return hooked
+        return hooked | (CLEAN if clean else 0)
+
+    def encode(self, span: Span, flags: int) -> bytes:
+        """``_otlp.encode_span(_serialize.to_wire(span, cfg), encoding)``, byte for byte;
+        faster for the common span. Never raises (as ``to_wire`` never does)."""
+        if self.encoding == "protobuf" and span.end_ns and not span.events and not span.links:
+            try:
+                chunk = self._encode_pb(span, flags)
+            except Exception:
+                chunk = None  # the general route reports what went wrong, as it always does
+            if chunk is not None:
+                return chunk
+        return _otlp.encode_span(_serialize.to_wire(span, self.cfg), self.encoding)
+
+    def _encode_pb(self, span: Span, flags: int) -> bytes | None:
+        pol = self.pol
+        site = span.site
+        parts = _span_head(
+            span.trace_id,
+            span.span_id,
+            span.parent_span_id,
+            span.trace_state,
+            span.name,
+            span.kind,
+            span.start_ns,
+            span.end_ns,
+        )
+        text_len = 0
+        if site is not None:
+            block = self._blocks.get(site) or self._site_block(site)
+            if block.redactions:
+                _serialize.stats["redactions"] += block.redactions
+            parts.append(block.encoded)
+            text_len = block.text_len
+        attributes = span.attributes
+        if attributes:
+            if site is not None and not block.keys.isdisjoint(attributes):
+                # The span overrides one of its decorator's attributes, in that attribute's
+                # place: the general route keeps that order.
+                return None
+            own: dict[str, AttrValue] = {}
+            _serialize._attributes(attributes, pol, own)
+            items = list(own.items())
+            for _, v in items:
+                if type(v) is str:
+                    text_len += len(v)
+            _span_attributes(items, parts)
+        inputs, output = span.inputs, span.output
+        if flags & HOOKED:
+            (has_in, inputs), (has_out, output) = _serialize._payloads(span, self.cfg)
+        else:
+            has_in, has_out = inputs is not UNSET, output is not UNSET
+        clean = flags & CLEAN != 0
+        body_in = _dumps(inputs, pol, clean) if has_in else b""
+        body_out = _dumps(output, pol, clean) if has_out else b""
+        if len(body_in) + len(body_out) + text_len <= self.max_span_bytes:
+            if has_in:
+                parts += _string_attribute(INPUT_VALUE, body_in)
+                parts.append(_IN_MIME)
+            if has_out:
+                parts += _string_attribute(OUTPUT_VALUE, body_out)
+                parts.append(_OUT_MIME)
+        else:
+            payloads = []
+            if has_in:
+                payloads.append((INPUT_VALUE, INPUT_MIME_TYPE, body_in))
+            if has_out:
+                payloads.append((OUTPUT_VALUE, OUTPUT_MIME_TYPE, body_out))
+            for key, mime, body in _serialize.capped(payloads, text_len, self.max_span_bytes):
+                parts += _string_attribute(key, body)
+                parts.append(_MIME_PIECE[mime])
+        if span.status_code or span.status_message:
+            parts.append(
+                _otlp.span_tail(span.status_code, span.status_message, span.parent_is_remote)
+            )
+        else:
+            parts.append(_FLAGS[span.parent_is_remote])
+        return b"".join(parts)
+
+    def _site_block(self, site: CallSite) -> _SiteBlock:
+        blocks = self._blocks
+        if len(blocks) >= _BLOCKS_MAX:
+            blocks.clear()
+        block = blocks[site] = _SiteBlock(site, self.pol)
+        return block

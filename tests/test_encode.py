@@ -1,0 +1,247 @@
+"""The flusher's per-span step: the direct protobuf route gives the general route's bytes, and
+the walk that plans it never lets a secret key through unscanned."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import uuid
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import looptrace
+from looptrace import _otlp, _serialize
+from looptrace._config import Config
+from looptrace._encode import CLEAN, HOOKED, OFFLOAD, SpanEncoder
+from looptrace._serialize import REDACTED, to_wire
+from looptrace._span import UNSET, CallSite, RemoteChildSpan, Span
+from looptrace.testing import capture_spans
+
+CFG = Config()
+
+
+def general(span: Span, cfg: Config = CFG) -> bytes:
+    return _otlp.encode_span(to_wire(span, cfg), "protobuf")
+
+
+def plan(span: Span, cfg: Config = CFG) -> int:
+    return SpanEncoder(cfg).plan(span)
+
+
+def direct(span: Span, cfg: Config = CFG) -> bytes:
+    enc = SpanEncoder(cfg)
+    return enc.encode(span, enc.plan(span))
+
+
+def decoded(chunk: bytes) -> dict[str, Any]:
+    """The span's attributes, read back through the real request decoder."""
+    resource = _otlp.default_resource(CFG)
+    body = _otlp.encode_request([chunk], resource, "protobuf")
+    (span,) = _otlp.decode_request(body, _otlp.PROTOBUF_CONTENT_TYPE, None)
+    return dict(span.attributes)
+
+
+def make_span(**fields: Any) -> Span:
+    cls = RemoteChildSpan if fields.pop("remote", False) else Span
+    span = cls("step", 0x1234, 0x42, fields.pop("parent", 0), 1_000)
+    span.end_ns = 5_000
+    for name, value in fields.items():
+        setattr(span, name, value)
+    return span
+
+
+SITE = CallSite(
+    "answer",
+    "Agent.answer",
+    "app.agents",
+    attributes={"span.type": "llm", "api_key": "sk-123", "model": "m-1", "cfg": {"t": 0.5}},
+)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"inputs": {"question": "what is 2+2?", "i": 7}, "output": {"answer": 4}},
+        {"inputs": {"q": "é ☃ \U0001f600"}, "output": "plain text", "parent": 0x99},
+        {"inputs": {"messages": [{"role": "user", "content": "hi"}]}, "output": None},
+        {"site": SITE, "inputs": {"x": 1}, "output": [1, 2]},
+        {"site": SITE, "attributes": {"tokens": 12, "note": "n", "password": "p"}},
+        {"site": SITE, "attributes": {"model": "override"}, "inputs": {"x": 1}},
+        {"attributes": {"list": [1, 2], "nested": {"token": "t"}}, "output": 3},
+        {"inputs": {"auth": {"Authorization": "Bearer x"}}, "output": {"password": "p"}},
+        {"inputs": {"when": datetime.datetime(2026, 1, 2), "id": uuid.UUID(int=5)}},
+        {"inputs": {"lone": "\ud800"}, "output": {"big": 1 << 70}},
+        {"inputs": {"arr": np.arange(5)}, "output": {1: "non-string key"}},
+        {"status_code": 2, "status_message": "boom", "trace_state": "k=v"},
+        {"remote": True, "parent": 7},
+        {"inputs": {"a": "x" * 300_000}, "output": {"b": "y" * 300_000}},
+        {"inputs": {"rows": [{"id": i} for i in range(400)]}},
+    ],
+    ids=lambda f: ",".join(f) or "bare",
+)
+def test_direct_route_gives_the_general_bytes(fields: dict[str, Any]) -> None:
+    """Whatever the span holds (decorator attributes with a secret, its own attributes, one
+    overriding the decorator's, nested secrets, values orjson refuses, a payload over the
+    per-span cap), the direct route writes exactly what to_wire + encode_span writes."""
+    span = make_span(**dict(fields))
+    assert direct(span) == general(span)
+    # ...and it did write them itself, except where a span overrides its decorator's attribute.
+    written = SpanEncoder(CFG)._encode_pb(span, plan(span))
+    overrides = span.attributes is not None and "model" in span.attributes
+    assert (written is None) is overrides
+
+
+def test_direct_route_counts_redactions_per_span() -> None:
+    """A secret attribute fixed by the decorator is encoded once per call site, but counted as
+    redacted on every span that carries it, as the general route counts it."""
+    _serialize.stats.clear()
+    for _ in range(3):
+        general(make_span(site=SITE))
+    by_general = _serialize.stats["redactions"]
+    _serialize.stats.clear()
+    for _ in range(3):
+        direct(make_span(site=SITE))
+    assert _serialize.stats["redactions"] == by_general == 3
+    assert decoded(direct(make_span(site=SITE)))["api_key"] == REDACTED
+
+
+def test_hooks_run_once_and_their_result_is_scanned() -> None:
+    """User hooks run once per span on the direct route, and what they return is still
+    scanned for secret keys (the walk saw the values before the hook changed them)."""
+    calls: list[Any] = []
+
+    def hook(value: Any) -> Any:
+        calls.append(value)
+        return {"secret": "s", "kept": 1}
+
+    cfg = CFG.replace(process_outputs=hook)
+    span = make_span(output={"plain": 1})
+    assert plan(span, cfg) & (CLEAN | HOOKED) == HOOKED
+    attrs = decoded(direct(span, cfg))
+    assert calls == [{"plain": 1}]
+    assert attrs["output.value"] == '{"secret":"<redacted>","kept":1}'
+
+
+def test_traced_calls_take_the_direct_route_end_to_end() -> None:
+    """Spans from @traced and span() encode identically by both routes."""
+
+    @looptrace.traced(attributes={"span.type": "tool"})
+    def add(a: int, b: int, token: str = "") -> int:
+        with looptrace.span("inner") as s:
+            s.set_attribute("n", a)
+        return a + b
+
+    with capture_spans() as spans:
+        add(1, 2)
+        add(3, 4, token="t")
+    assert len(spans) == 4
+    for span in spans:
+        assert direct(span) == general(span)
+    assert decoded(direct(spans[-1]))["input.value"] == '{"a":3,"b":4,"token":"<redacted>"}'
+
+
+# ----------------------------------------------------------------------------- plan
+
+
+def test_plan_offloads_large_strings_only() -> None:
+    """Large strings, bytes or arrays qualify; a structure of many small values never does,
+    and the walk stops after its node budget (a big string hidden past it is not found)."""
+    cfg = CFG.replace(offload_threshold_bytes=100_000)
+    span = make_span(inputs={"image": "A" * 200_000})
+    assert plan(span, cfg) & OFFLOAD
+    assert not plan(span, cfg.replace(offload=False)) & OFFLOAD
+    span.inputs = {"rows": [{"id": i, "name": f"n{i}"} for i in range(50_000)]}
+    assert not plan(span, cfg) & OFFLOAD
+    span.inputs = {"rows": [*range(10_000), "A" * 200_000]}
+    assert not plan(span, cfg) & OFFLOAD
+    span.inputs = UNSET
+    span.output = [b"B" * 60_000, bytearray(60_000)]
+    assert plan(span, cfg) & OFFLOAD
+    span.output = np.zeros(20_000)
+    assert plan(span, cfg) & OFFLOAD
+
+
+@pytest.mark.parametrize(
+    ("inputs", "clean"),
+    [
+        ({"question": "q", "messages": [{"role": "user", "content": "c"}]}, True),
+        ({"max_tokens": 5, "tokenizer": "t", "when": datetime.date(2026, 1, 1)}, True),
+        ({"outer": [{"inner": {"api_key": "k"}}]}, False),
+        ({"obj": CallSite("f", "f", "m")}, False),  # an object: its keys are unknown
+        ({1: "non-string key"}, False),
+        ({"big": {f"k{i}": i for i in range(10_000)}}, False),  # past the walk's budget
+        ({"rows": [[i] for i in range(300)]}, False),
+    ],
+)
+def test_plan_says_clean_only_when_every_key_was_seen(inputs: Any, clean: bool) -> None:
+    """CLEAN (skip the secret-key scan) needs every dict key seen, all strings, none secret."""
+    assert bool(plan(make_span(inputs=inputs), CFG) & CLEAN) is clean
+
+
+def test_plan_walk_is_bounded_for_huge_flat_dicts() -> None:
+    """The flusher runs the walk for every span: a dict of 100,000 values is not read item
+    by item, only up to the walk's budget (and the span is then not CLEAN)."""
+
+    class Probe:
+        looked = 0
+
+        def __getattr__(self, name: str) -> Any:
+            Probe.looked += 1
+            raise AttributeError(name)
+
+    span = make_span(inputs={"huge": {str(i): Probe() for i in range(100_000)}})
+    assert plan(span, CFG) == 0
+    assert 0 < Probe.looked <= 256
+
+
+def test_property_direct_route_matches_and_never_leaks_a_secret() -> None:
+    """Hypothesis: for arbitrary nested inputs, the direct route gives the general route's
+    bytes, and every value under a secret key reaches the wire redacted."""
+    pol = _serialize.policy(CFG)
+    leaves = (
+        st.none()
+        | st.booleans()
+        | st.integers(min_value=-(2**70), max_value=2**70)
+        | st.floats(allow_nan=True)
+        | st.text(max_size=20)
+        | st.binary(max_size=20)
+        | st.datetimes()
+    )
+    keys = st.sampled_from(["a", "password", "max_tokens", "X-Api-Key", "tokens", "n"]) | st.text(
+        max_size=8
+    )
+    values = st.recursive(
+        leaves,
+        lambda children: (
+            st.lists(children, max_size=4) | st.dictionaries(keys, children, max_size=4)
+        ),
+        max_leaves=30,
+    )
+
+    def assert_redacted(node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if pol.is_secret(k):
+                    assert v == REDACTED
+                else:
+                    assert_redacted(v)
+        elif isinstance(node, list):
+            for v in node:
+                assert_redacted(v)
+
+    @settings(max_examples=200, deadline=None)
+    @given(values)
+    def check(value: Any) -> None:
+        span = make_span(inputs={"v": value}, output=value)
+        chunk = direct(span)
+        assert chunk == general(span)
+        attrs = decoded(chunk)
+        assert_redacted(json.loads(str(attrs["input.value"])))
+        assert_redacted(json.loads(str(attrs["output.value"])))
+
+    check()
