@@ -72,7 +72,7 @@ class Config:
     compression: Compression = "gzip"
     export_timeout: float = 10.0
     flush_interval: float = 0.2
-    max_batch_spans: int = 512
+    max_batch_spans: int = 2048
     max_batch_bytes: int = 4 * 1024 * 1024
     max_concurrent_requests: int = 4
     max_buffer_spans: int = 200_000
