@@ -584,20 +584,30 @@ def encode_request(chunks: Sequence[bytes], resource: Resource, encoding: str) -
     if encoding == "json":
         return resource._json + b",".join(chunks) + b"]}]}]}"
     pieces: list[bytes] = [b"", b"", resource._pb_resource, b"", b"", resource._pb_scope]
-    spans_len = 0
+    append = pieces.append
+    fields = _SPAN_FIELD
     for chunk in chunks:
-        n = _varint(len(chunk))
-        pieces.append(b"\x12")
-        pieces.append(n)
-        pieces.append(chunk)
-        spans_len += 1 + len(n) + len(chunk)
-    scope_spans_len = len(resource._pb_scope) + spans_len
+        n = len(chunk)
+        head = fields.get(n)
+        if head is None:
+            head = b"\x12" + _varint(n)  # ScopeSpans.spans
+            if n < _SPAN_FIELD_CACHED:
+                fields[n] = head
+        append(head)
+        append(chunk)
+    scope_spans_len = sum(map(len, pieces)) - len(resource._pb_resource)
     pieces[4] = _varint(scope_spans_len)
     pieces[3] = b"\x12"  # ResourceSpans.scope_spans
     resource_spans_len = len(resource._pb_resource) + 1 + len(pieces[4]) + scope_spans_len
     pieces[0] = b"\x0a"  # ExportTraceServiceRequest.resource_spans
     pieces[1] = _varint(resource_spans_len)
     return b"".join(pieces)
+
+
+# The tag and length that put one encoded span in a request, for each span size met under
+# 16 KiB (a 2-byte length): sizes repeat, and this loop runs for every span sent.
+_SPAN_FIELD: dict[int, bytes] = {}
+_SPAN_FIELD_CACHED = 1 << 14
 
 
 # ---------------------------------------------------------------------------------------------
