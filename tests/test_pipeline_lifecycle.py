@@ -54,6 +54,37 @@ def test_many_asyncio_runs_in_one_process(server: OtlpTestServer) -> None:
     assert server.accepted_record_count == 100  # each span sent once
 
 
+def test_each_loop_gets_a_client_but_tls_setup_happens_once(
+    server: OtlpTestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every asyncio.run needs its own HTTP client (a connection pool belongs to one loop),
+    but loading the CA bundle (tens of milliseconds of CPU) is done once per process."""
+    import httpx
+
+    from looptrace import _transport
+
+    built: list[object] = []
+    real = httpx.create_ssl_context
+
+    def counting(*args: object, **kwargs: object) -> object:
+        built.append(real(*args, **kwargs))  # type: ignore[arg-type]
+        return built[-1]
+
+    monkeypatch.setattr(_transport, "_ssl", None)
+    monkeypatch.setattr(httpx, "create_ssl_context", counting)
+    use(server)
+    for run in range(3):
+        asyncio.run(looptrace.flush(5))  # nothing to send yet: the client is made on use
+
+        async def work(run: int = run) -> looptrace.FlushResult:
+            make_spans(5, f"c{run}-")
+            return await looptrace.flush(5)
+
+        assert asyncio.run(work()).ok
+    assert server.accepted_span_count == 15
+    assert len(built) == 1
+
+
 def test_a_runner_per_test_like_pytest_asyncio(server: OtlpTestServer) -> None:
     """A fresh asyncio.Runner per 'test', flushing inside each: no loop mix-ups, no loss."""
     use(server)

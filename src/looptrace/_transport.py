@@ -19,6 +19,7 @@ import dataclasses
 import email.utils
 import os
 import random
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -106,6 +107,21 @@ class Transport(Protocol):
         ...
 
 
+_ssl_lock = threading.Lock()
+_ssl: ssl.SSLContext | None = None
+
+
+def _ssl_context() -> ssl.SSLContext:
+    """One TLS context for the process. Building one loads the CA bundle (35-150 ms of CPU
+    here), and each event loop needs its own client: a program that calls asyncio.run many
+    times (pytest, one loop per test) paid that for every loop."""
+    global _ssl
+    with _ssl_lock:
+        if _ssl is None:
+            _ssl = httpx.create_ssl_context(trust_env=False)
+        return _ssl
+
+
 class HttpTransport:
     """OTLP/HTTP over an ``httpx.AsyncClient``, created on first use on the sending loop.
 
@@ -151,6 +167,7 @@ class HttpTransport:
 
         return httpx.AsyncClient(
             headers=self._headers,
+            verify=_ssl_context(),
             timeout=self._timeout,
             limits=httpx.Limits(
                 max_connections=self._max_connections,
