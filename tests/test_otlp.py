@@ -810,6 +810,22 @@ def test_compressed_roundtrip(compression: str, encoding: str) -> None:
     assert decoded == decode_request(body, content_type(encoding))
 
 
+def test_big_incompressible_body_is_sent_as_is() -> None:
+    """From a megabyte up, a body whose samples would not shrink by 40% is not compressed
+    (base64 of random bytes: 25% at best); compressible bodies of any size are."""
+    import base64
+    import random
+
+    noise = base64.b64encode(random.Random(3).randbytes(1_000_000))
+    assert compress(noise, "gzip") == (noise, None)
+    assert compress(noise, "zstd") == (noise, None)
+    assert compress(noise[:500_000], "gzip")[1] == "gzip"  # under a megabyte: always
+    text = b"the quick brown fox jumps over the lazy dog " * 40_000
+    packed, enc = compress(text, "gzip")
+    assert enc == "gzip"
+    assert gzip.decompress(packed) == text
+
+
 def test_gzip_output_is_standard_gzip() -> None:
     """Our gzip is plain RFC 1952 that the stdlib (and any server) can read."""
     packed, _ = compress(b"hello " * 1000, "gzip")

@@ -92,6 +92,27 @@ async def test_spans_arrive_decodable_in_every_encoding(
     assert resource["telemetry.sdk.name"] == "looptrace"
 
 
+async def test_large_incompressible_bodies_go_out_uncompressed(server: OtlpTestServer) -> None:
+    """A megabyte of base64 (an image in a prompt) is sent without gzip, which would spend tens
+    of milliseconds to save a quarter of it; a megabyte of text is still gzipped. Both arrive."""
+    import base64
+    import random
+
+    use(server, compression="gzip", offload=False)
+    image = base64.b64encode(random.Random(7).randbytes(900_000)).decode()
+    with looptrace.span("image") as s:
+        s.set_inputs({"image": image})
+    assert (await looptrace.flush(10)).ok
+    with looptrace.span("text") as s:
+        s.set_inputs({"text": "the quick brown fox jumps over the lazy dog " * 30_000})
+    assert (await looptrace.flush(10)).ok
+    first, second = server.requests
+    assert first.headers.get("content-encoding") is None
+    assert second.headers.get("content-encoding") == "gzip"
+    assert len(second.body) < 100_000
+    assert {s.name for s in server.accepted_spans()} == {"image", "text"}
+
+
 async def test_configured_headers_are_sent_but_never_shown(
     server: OtlpTestServer, caplog: pytest.LogCaptureFixture
 ) -> None:
