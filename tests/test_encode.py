@@ -96,9 +96,10 @@ def test_direct_route_gives_the_general_bytes(fields: dict[str, Any]) -> None:
     assert (written is None) is overrides
 
 
-def test_direct_route_counts_redactions_per_span() -> None:
-    """A secret attribute fixed by the decorator is encoded once per call site, but counted as
-    redacted on every span that carries it, as the general route counts it."""
+def test_direct_route_counts_decorator_attributes_per_span() -> None:
+    """A decorator's attributes are encoded once per call site, but what serializing them
+    counts (a redaction, a truncation) is counted on every span that carries them, as the
+    general route counts it."""
     _serialize.stats.clear()
     for _ in range(3):
         general(make_span(site=SITE))
@@ -108,6 +109,18 @@ def test_direct_route_counts_redactions_per_span() -> None:
         direct(make_span(site=SITE))
     assert _serialize.stats["redactions"] == by_general == 3
     assert decoded(direct(make_span(site=SITE)))["api_key"] == REDACTED
+    # Any count the decorator's attributes cause (here a value cut to the cap) goes the same way.
+    cfg = CFG.replace(max_value_bytes=200)
+    site = CallSite("f", "f", "m", attributes={"doc": {"text": "x" * 1_000}})
+    _serialize.stats.clear()
+    for _ in range(3):
+        general(make_span(site=site), cfg)
+    by_general_counts = dict(_serialize.stats)
+    _serialize.stats.clear()
+    for _ in range(3):
+        direct(make_span(site=site), cfg)
+    assert dict(_serialize.stats) == by_general_counts
+    assert by_general_counts
 
 
 def test_hooks_run_once_and_their_result_is_scanned() -> None:

@@ -77,12 +77,16 @@ _OUT_MIME = _MIME_PIECE[OUTPUT_MIME_TYPE]
 class _SiteBlock:
     """A call site's attributes (its decorator's, then code.*), encoded once per policy."""
 
-    __slots__ = ("encoded", "keys", "redactions", "text_len")
+    __slots__ = ("counts", "encoded", "keys", "text_len")
 
     def __init__(self, site: CallSite, pol: _serialize.Policy) -> None:
-        before = _serialize.stats["redactions"]
         attrs: dict[str, AttrValue] = {}
-        _serialize._attributes(site.attributes, pol, attrs)
+        with _serialize.counted() as counts:
+            _serialize._attributes(site.attributes, pol, attrs)
+        # Counted on every span that carries these attributes (redactions, truncations...), as
+        # the general route counts them: taken back here, added again per span.
+        _serialize.stats -= counts
+        self.counts = counts
         attrs.update(_serialize._code_attributes(site))
         items = list(attrs.items())
         parts: list[bytes] = []
@@ -91,9 +95,6 @@ class _SiteBlock:
         self.keys = frozenset(attrs)
         # The per-span cap counts attribute text (as ``finish`` does) against the payloads.
         self.text_len = sum(len(v) for _, v in items if type(v) is str)
-        # Counted on every span that carries them, as the general route counts them.
-        self.redactions = _serialize.stats["redactions"] - before
-        _serialize.stats["redactions"] = before
 
 
 _BLOCKS_MAX = 4096
@@ -224,8 +225,8 @@ class SpanEncoder:
         text_len = 0
         if site is not None:
             block = self._blocks.get(site) or self._site_block(site)
-            if block.redactions:
-                _serialize.stats["redactions"] += block.redactions
+            if block.counts:
+                _serialize.stats.update(block.counts)
             parts.append(block.encoded)
             text_len = block.text_len
         attributes = span.attributes

@@ -78,14 +78,12 @@ def _work(blob: bytes) -> tuple[bytes | None, dict[str, int]]:
 
     try:
         wire, inputs, output, pol, max_span_bytes, encoding = pickle.loads(blob)
-        before = Counter(_serialize.stats)
-        wire = _serialize.finish(wire, inputs, output, pol, max_span_bytes)
+        with _serialize.counted() as counts:
+            wire = _serialize.finish(wire, inputs, output, pol, max_span_bytes)
         body = _otlp.encode_span(wire, encoding)
     except Exception as exc:
         return None, {"error": 1, type(exc).__name__: 1}
-    delta = Counter(_serialize.stats)
-    delta.subtract(before)
-    return body, {k: v for k, v in delta.items() if v}
+    return body, dict(counts)
 
 
 # --------------------------------------------------------------------------- parent side

@@ -16,6 +16,7 @@ dumps the result. A value that defeats both becomes a placeholder naming its typ
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import datetime
 import decimal
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Policy",
     "capped",
+    "counted",
     "estimate_size",
     "leaf_size",
     "policy",
@@ -70,6 +72,22 @@ logger = logging.getLogger("looptrace")
 
 # What the serializer had to do to values, for ``looptrace.statistics()``.
 stats: Counter[str] = Counter()
+
+
+@contextlib.contextmanager
+def counted() -> Iterator[Counter[str]]:
+    """Collect what the serialization inside the block adds to :data:`stats` into the yielded
+    Counter (filled when the block ends; the additions also stay in ``stats``)."""
+    before = Counter(stats)
+    delta: Counter[str] = Counter()
+    try:
+        yield delta
+    finally:
+        delta.update(stats)
+        delta.subtract(before)
+        for key in [k for k, v in delta.items() if v <= 0]:
+            del delta[key]
+
 
 REDACTED = "<redacted>"
 TRUNCATED_KEY = "looptrace.truncated"
