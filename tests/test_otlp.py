@@ -590,6 +590,48 @@ def test_decodes_kvlist_values_and_fields_in_any_order() -> None:
     assert j.attributes == d.attributes
 
 
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_subclassed_and_unknown_values_travel_as_their_base(encoding: str) -> None:
+    """Values of types the encoders do not list (an IntEnum, a str subclass, a float subclass,
+    a NamedTuple, any other object) go out as their base type or their text, in both
+    encodings."""
+    import enum
+    from typing import NamedTuple
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    class Tag(str):
+        pass
+
+    class Ratio(float):
+        pass
+
+    class Pair(NamedTuple):
+        a: int
+        b: int
+
+    class Thing:
+        def __str__(self) -> str:
+            return "a thing"
+
+    attrs: Any = [
+        ("level", Level.HIGH),
+        ("tag", Tag("t")),
+        ("ratio", Ratio(0.5)),
+        ("pair", Pair(1, 2)),
+        ("thing", Thing()),
+    ]
+    (span,) = decode_request(request([make_span(attrs)], encoding), content_type(encoding))
+    assert span.attributes == {
+        "level": 3,
+        "tag": "t",
+        "ratio": 0.5,
+        "pair": [1, 2],
+        "thing": "a thing",
+    }
+
+
 # -- malformed input ---------------------------------------------------------------------------
 
 

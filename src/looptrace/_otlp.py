@@ -232,18 +232,23 @@ def _any_value(v: Any) -> bytes:
     if isinstance(v, Mapping):
         body = b"".join(_tagged(0x0A, _kv_body(str(k), x)) for k, x in v.items())
         return b"\x32" + _varint(len(body)) + body
-    # Subclasses (str enums, IntEnum, numpy scalars that subclass float...) take their base.
-    if isinstance(v, str):
-        return _any_value(str(v))
-    if isinstance(v, int):
-        return _any_value(int(v))
-    if isinstance(v, float):
-        return _any_value(float(v))
-    if isinstance(v, (list, tuple)):
-        return _any_value(list(v))
     if v is None:
         return b""  # an empty AnyValue: "no value"
-    return _any_value(_fallback_text(v))
+    return _any_value(_base_value(v))
+
+
+def _base_value(v: Any) -> Any:
+    """A value of a type neither encoder knows, as one it does: subclasses (str enums, IntEnum,
+    numpy scalars that subclass float...) take their base type, anything else its text."""
+    if isinstance(v, str):
+        return str(v)
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, float):
+        return float(v)
+    if isinstance(v, (list, tuple)):
+        return list(v)
+    return _fallback_text(v)
 
 
 def _fallback_text(v: Any) -> str:
@@ -482,17 +487,9 @@ def _json_any(v: Any) -> dict[str, Any]:
                 "values": [{"key": str(k), "value": _json_any(x)} for k, x in v.items()]
             }
         }
-    if isinstance(v, str):
-        return _json_any(str(v))
-    if isinstance(v, int):
-        return _json_any(int(v))
-    if isinstance(v, float):
-        return _json_any(float(v))
-    if isinstance(v, (list, tuple)):
-        return _json_any(list(v))
     if v is None:
         return {}
-    return _json_any(_fallback_text(v))
+    return _json_any(_base_value(v))
 
 
 def _json_attrs(attrs: Attributes) -> list[dict[str, Any]]:
