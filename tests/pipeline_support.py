@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import looptrace
 from looptrace import _pipeline
 from looptrace._transport import RetryPolicy
 from otlp_server import OtlpTestServer
+
+
+@contextlib.contextmanager
+def checked_server() -> Iterator[OtlpTestServer]:
+    """A fresh OTLP server; on leaving, every request it answered must have decoded (a
+    connection reset on purpose is not a decoding failure)."""
+    with OtlpTestServer() as srv:
+        yield srv
+        srv.release()
+    bad = [r.error for r in srv.requests if r.error not in (None, "reset")]
+    assert not bad, f"requests that did not decode: {bad}"
 
 
 def install_pipeline(

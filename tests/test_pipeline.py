@@ -26,7 +26,7 @@ from looptrace._transport import (
     parse_retry_after,
 )
 from otlp_server import OtlpTestServer
-from pipeline_support import install_pipeline, make_spans
+from pipeline_support import checked_server, install_pipeline, make_spans
 
 FAST_RETRY = RetryPolicy(base_delay=0.01, max_delay=0.05, budget=10.0)
 use = functools.partial(install_pipeline, retry=FAST_RETRY)
@@ -35,11 +35,8 @@ use = functools.partial(install_pipeline, retry=FAST_RETRY)
 @pytest.fixture
 def server() -> Iterator[OtlpTestServer]:
     """A fresh OTLP server; afterwards, every request it got must have decoded cleanly."""
-    with OtlpTestServer() as srv:
+    with checked_server() as srv:
         yield srv
-        srv.release()
-    bad = [r.error for r in srv.requests if r.error is not None and r.error != "reset"]
-    assert not bad, f"requests that did not decode: {bad}"
 
 
 # ---------------------------------------------------------------------------------------------
