@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,9 +30,12 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+
 from looptrace import _otlp
 from looptrace._store import Store
 from looptrace._wire import DecodedSpan, WireSpan
+from store_support import serve_subprocess
 
 NOW = time.time_ns()
 
@@ -72,34 +74,9 @@ def request_bodies(senders: int, requests: int, per_request: int) -> list[list[b
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def bench_ingest(senders: int, requests: int, per_request: int, workdir: Path) -> dict[str, float]:
     bodies = request_bodies(senders, requests, per_request)
-    port = free_port()
-    env = {**os.environ, "LOOPTRACE_STORE": str(workdir / "ingest.db")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "looptrace.cli", "serve", "--port", str(port), "--no-viewer"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/api/stats", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("looptrace serve did not start")
-            time.sleep(0.05)
+    with serve_subprocess(workdir / "ingest.db") as (_, url):
         latencies: list[float] = []
         failures: list[int] = []
         lock = threading.Lock()
@@ -129,9 +106,6 @@ def bench_ingest(senders: int, requests: int, per_request: int, workdir: Path) -
             t.join()
         wall = time.perf_counter() - t0
         stored = httpx.get(f"{url}/api/stats").json()["spans"]
-    finally:
-        proc.terminate()
-        proc.wait(10)
     total = senders * requests * per_request
     latencies.sort()
     return {

@@ -1,8 +1,19 @@
-"""Build the spans a receiver would decode, for tests and benchmarks that fill a store directly."""
+"""Build the spans a receiver would decode, for tests and benchmarks that fill a store directly;
+run `looptrace serve` in a child process for those that go over HTTP."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+import httpx
 
 from looptrace._wire import DecodedSpan
 
@@ -41,3 +52,41 @@ def decoded_span(
         scope_name=scope[0],
         scope_version=scope[1],
     )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serve_subprocess(
+    store: Path, timeout: float = 30.0
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """`looptrace serve --no-viewer` in a child process writing to ``store``: yields the process
+    and its base URL once /api/stats answers; killed on leaving."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "looptrace.cli", "serve", "--port", str(port), "--no-viewer"],
+        env={**os.environ, "LOOPTRACE_STORE": str(store)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if httpx.get(f"{url}/api/stats", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("looptrace serve did not start")
+            time.sleep(0.02)
+        yield proc, url
+    finally:
+        proc.kill()
+        proc.wait()

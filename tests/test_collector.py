@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +21,7 @@ from looptrace import _otlp
 from looptrace._store import Store, span_from_row
 from looptrace._wire import WireEvent, WireLink, WireSpan
 from looptrace.collector.app import create_app
+from store_support import serve_subprocess
 
 PB = {"content-type": "application/x-protobuf"}
 NOW = time.time_ns()
@@ -347,37 +345,12 @@ def test_json_api_shapes(store_path: Path) -> None:
     assert "limit" in bad.json()["error"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_killed_collector_keeps_everything_it_acknowledged(tmp_path: Path) -> None:
     """`looptrace serve` SIGKILLed while four senders post: every request that got a 200 is in
     the store afterwards, whole."""
     path = tmp_path / "killed.db"
-    port = _free_port()
-    env = {**os.environ, "LOOPTRACE_STORE": str(path)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "looptrace.cli", "serve", "--port", str(port), "--no-viewer"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"{url}/api/stats", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("looptrace serve did not start")
-            time.sleep(0.02)
+    with serve_subprocess(path, timeout=20) as (proc, url):
         acked: list[int] = []
         lock = threading.Lock()
         enough = threading.Event()
@@ -404,9 +377,6 @@ def test_killed_collector_keeps_everything_it_acknowledged(tmp_path: Path) -> No
         proc.send_signal(signal.SIGKILL)
         for t in threads:
             t.join(30)
-    finally:
-        proc.kill()
-        proc.wait()
     with Store(path) as store:
         for trace in acked:
             rows = store.get_trace(f"{trace:032x}")

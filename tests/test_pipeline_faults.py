@@ -8,7 +8,6 @@ import asyncio
 import functools
 import logging
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -22,6 +21,7 @@ import looptrace
 from looptrace._transport import RetryPolicy
 from otlp_server import OtlpTestServer
 from pipeline_support import checked_server, install_pipeline, make_spans
+from store_support import free_port
 
 FAST_RETRY = RetryPolicy(base_delay=0.02, max_delay=0.2, budget=20.0)
 use = functools.partial(install_pipeline, retry=FAST_RETRY)
@@ -215,12 +215,6 @@ async def test_backpressure_waits_for_bytes_in_flight_not_bytes_sent(
     assert stats.queued_bytes + stats.in_flight_bytes <= 5_000
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_server_down_at_exit_reports_the_loss_within_the_deadline(tmp_path: Path) -> None:
     """A process whose backend is down exits within LOOPTRACE_SHUTDOWN_TIMEOUT (plus start-up)
     and says how many spans it could not send."""
@@ -236,7 +230,7 @@ def test_server_down_at_exit_reports_the_loss_within_the_deadline(tmp_path: Path
         )
     )
     env = {k: v for k, v in os.environ.items() if k != "LOOPTRACE_RAISE_INTERNAL_ERRORS"}
-    env["LOOPTRACE_ENDPOINT"] = f"http://127.0.0.1:{_free_port()}/v1/traces"
+    env["LOOPTRACE_ENDPOINT"] = f"http://127.0.0.1:{free_port()}/v1/traces"
     env["LOOPTRACE_SHUTDOWN_TIMEOUT"] = "1.0"
     started = time.monotonic()
     proc = subprocess.run(
