@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._span import Span
@@ -46,6 +46,7 @@ class Batch:
         "chunks",
         "first_failure",
         "hi",
+        "job",
         "lo",
         "lost",
         "nbytes",
@@ -63,6 +64,8 @@ class Batch:
         self.lost = 0  # spans in [lo, hi) that failed to encode (already counted as dropped)
         self.first_failure: float | None = None
         self.attempts = 0
+        # A large span that a worker process encodes and sends (an ``_offload.Job``).
+        self.job: Any = None
 
     @property
     def span_count(self) -> int:
@@ -261,7 +264,7 @@ class Buffer:
         with self._lock:
             if self._remove_in_flight(batch):
                 self.spans_sent += batch.span_count
-                self.records_sent += len(batch.chunks)
+                self.records_sent += len(batch.chunks) + (batch.job is not None)
 
     def returned(self, batch: Batch) -> None:
         """A send failed: the batch goes back to pending, ahead of newer spans, in order."""

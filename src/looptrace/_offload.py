@@ -10,6 +10,14 @@ The pool starts lazily, from a worker thread, with the ``spawn`` start method (`
 unsafe in threaded programs). Its children never import the user's ``__main__``: a script
 without an ``if __name__ == "__main__"`` guard neither breaks nor runs twice.
 
+Where the spans go over plain OTLP/HTTP (:class:`Destination`), a large span travels alone and
+the worker sends it too (:meth:`Offloader.deliver`): it serializes, encodes, compresses and
+POSTs, and answers with the status, so the payload's bytes never come back into this process.
+Its large strings and bytes reach the worker through shared memory (:mod:`looptrace._ring`), not
+through a pickle: on the loop that is one copy into warm memory. The pipeline applies its retry
+rules to the status the worker reports. For other transports (the local store, test transports)
+the worker returns the encoded span instead (:meth:`Offloader.submit`).
+
 Fallbacks (all inline, counted in :attr:`Offloader.stats` by reason): a payload that does not
 pickle (``unpicklable``), an error in the worker (``worker_error``), a pool whose worker died
 (``broken_pool``: replaced once; after a second break, ``pool_retired``), no working
@@ -33,15 +41,20 @@ from collections.abc import Awaitable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any
 
-from . import _serialize
+from . import _ring, _serialize
+from ._transport import Response
 
 if TYPE_CHECKING:
     from ._config import Config
+    from ._otlp import Resource
     from ._span import Span
 
-__all__ = ["Offloader"]
+__all__ = ["Destination", "Job", "Offloader"]
 
 _START_TIMEOUT = 60.0
+# Values visited (per span) looking for large strings to put in the ring: the planning walk's
+# budget, so a span's handoff stays as cheap as its plan.
+LIFT_BUDGET = 256
 _MAIN_KEYS = ("init_main_from_path", "init_main_from_name")
 _patch_lock = threading.Lock()
 
@@ -53,15 +66,19 @@ async def _done(value: bytes) -> bytes:
     return value
 
 
-def _initializer() -> None:
+_reader: _ring.Reader | None = None
+_clients: dict[tuple[Any, ...], Any] = {}
+
+
+def _initializer(ring_name: str | None = None, ring_size: int = 0) -> None:
     """Runs in each worker before any task: stay quiet on Ctrl-C (the parent handles it), and
     yield the CPU to the application: on a small machine a busy worker otherwise delays the
-    very event loop it exists to protect."""
+    very event loop it exists to protect. Maps the parent's ring, if it has one."""
+    global _reader
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        os.nice(10)
-    except OSError:
-        pass
+    _yield_cpu(0)
+    if ring_name is not None:
+        _reader = _ring.attach(ring_name, ring_size)
 
 
 def _ping() -> int:
@@ -86,7 +103,187 @@ def _work(blob: bytes) -> tuple[bytes | None, dict[str, int]]:
     return body, dict(counts)
 
 
+def _restore(v: Any, reader: _ring.Reader, left: list[int]) -> Any:
+    """``v`` with every ring slot replaced by its value: the mirror of :func:`_lift`, walking
+    the same values in the same order within the same budget. ``left`` is [slots still to
+    find, values still to visit]."""
+    cls = type(v)
+    if cls is _ring.Slot:
+        left[0] -= 1
+        return reader.value(v)
+    if cls is dict:
+        for k, x in v.items():
+            left[1] -= 1
+            if left[0] <= 0 or left[1] < 0:
+                break
+            y = _restore(x, reader, left)
+            if y is not x:
+                v[k] = y
+        return v
+    if cls is list or cls is tuple:
+        out = v if cls is list else list(v)
+        for i, x in enumerate(out):
+            left[1] -= 1
+            if left[0] <= 0 or left[1] < 0:
+                break
+            out[i] = _restore(x, reader, left)
+        return out if cls is list else tuple(out)
+    return v
+
+
+def _client(dest: Destination) -> Any:
+    key = (dest.url, tuple(sorted(dest.headers.items())), dest.timeout)
+    client = _clients.get(key)
+    if client is None:
+        import httpx
+
+        from ._transport import _ssl_context
+
+        client = _clients[key] = httpx.Client(
+            headers=dest.headers, timeout=dest.timeout, verify=_ssl_context(), trust_env=False
+        )
+    return client
+
+
+def _deliver(blob: bytes, slots: int) -> tuple[str, Any, dict[str, int]]:
+    """The worker's other entry point: finish one large span, and send it as a request of its
+    own. Answers ``("answered", (status, retry_after, detail), counts)``, ``("unsent", error,
+    counts)`` when no answer came, or ``("error", name, {})`` when the span could not be
+    encoded here (the parent then encodes it itself)."""
+    import httpx
+
+    from . import _otlp
+
+    try:
+        # Unpickled here, inside the try: a failure is an answer, not a dead worker.
+        dest, wire, inputs, output, pol, max_span_bytes = pickle.loads(blob)
+        if slots:
+            assert _reader is not None, "ring slots without a ring"
+            left = [slots, LIFT_BUDGET]
+            inputs = (inputs[0], _restore(inputs[1], _reader, left))
+            output = (output[0], _restore(output[1], _reader, left))
+            if left[0]:
+                raise LookupError(f"{left[0]} ring slot(s) not found")
+        with _serialize.counted() as counts:
+            wire = _serialize.finish(wire, inputs, output, pol, max_span_bytes)
+        chunk = _otlp.encode_span(wire, dest.encoding)
+        body = _otlp.encode_request([chunk], dest.resource, dest.encoding)
+        headers = {"Content-Type": _otlp.content_type(dest.encoding)}
+        if dest.compression != "none":
+            body, content_encoding = _otlp.compress(body, dest.compression)
+            if content_encoding:
+                headers["Content-Encoding"] = content_encoding
+    except Exception as exc:
+        return "error", type(exc).__name__, {}
+    try:
+        response = _client(dest).post(dest.url, content=body, headers=headers)
+    except (OSError, httpx.TransportError) as exc:
+        return "unsent", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, counts
+    answer = (response.status_code, response.headers.get("retry-after"), response.content[:200])
+    return "answered", answer, dict(counts)
+
+
+def _yield_cpu(pid: int) -> None:
+    """Make process ``pid`` (0: this one) run only when a core is otherwise idle.
+
+    With nice 10 the worker still held the loop's core for a few milliseconds after the loop
+    woke up (the scheduler lets a running task finish its slice): 120-135 ms of waiting for a
+    CPU in 100 large spans, which was nearly all of the lag that remained. A ``SCHED_IDLE``
+    task is preempted as soon as a normal one wants its core. A process of its own can take
+    this policy safely; a thread of ours could not, since it would hold the GIL while starved.
+    """
+    try:
+        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))  # type: ignore[attr-defined,unused-ignore]
+        return
+    except (AttributeError, OSError):
+        pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, 19)
+    except (AttributeError, OSError):
+        pass
+
+
 # --------------------------------------------------------------------------- parent side
+
+
+class Destination:
+    """Where and how a worker sends a large span: the pipeline's OTLP/HTTP endpoint and
+    request settings. Carries the endpoint's headers (API keys): never shown in a repr."""
+
+    __slots__ = ("compression", "encoding", "headers", "resource", "timeout", "url")
+
+    def __init__(
+        self,
+        url: str,
+        headers: dict[str, str],
+        timeout: float,
+        encoding: str,
+        compression: str,
+        resource: Resource,
+    ) -> None:
+        self.url = url
+        self.headers = headers
+        self.timeout = timeout
+        self.encoding = encoding
+        self.compression = compression
+        self.resource = resource
+
+    def __repr__(self) -> str:
+        return f"Destination({self.url!r}, headers=<{len(self.headers)} redacted>)"
+
+
+class Job:
+    """A large span prepared once (the user's hooks ran) and delivered by a worker, as often
+    as the pipeline retries it."""
+
+    __slots__ = ("counted", "encoding", "nbytes", "prepared")
+
+    def __init__(self, prepared: tuple[Any, Any, Any, Any, int], encoding: str, nbytes: int):
+        self.prepared = prepared
+        self.encoding = encoding
+        self.nbytes = nbytes
+        self.counted = False
+
+
+def _lift(v: Any, ring: _ring.Ring, offs: list[int], budget: list[int]) -> Any:
+    """``v`` with its large str and bytes leaves copied into the ring and replaced by slots.
+    Only plain dicts, lists and tuples are rebuilt (shallow copies on the way to a slot), and
+    at most ``budget`` values are visited: anything else travels in the pickle as before."""
+    cls = type(v)
+    if cls is str or cls is bytes or cls is bytearray:
+        if len(v) >= _ring.MIN_COPY_BYTES:
+            slot = ring.put(v)
+            if slot is not None:
+                offs.append(slot.off)
+                return slot
+        return v
+    if cls is dict:
+        out: Any = None
+        for k, x in v.items():
+            budget[0] -= 1
+            if budget[0] < 0:
+                break
+            y = _lift(x, ring, offs, budget)
+            if y is not x:
+                if out is None:
+                    out = dict(v)
+                out[k] = y
+        return v if out is None else out
+    if cls is list or cls is tuple:
+        out = None
+        for i, x in enumerate(v):
+            budget[0] -= 1
+            if budget[0] < 0:
+                break
+            y = _lift(x, ring, offs, budget)
+            if y is not x:
+                if out is None:
+                    out = list(v)
+                out[i] = y
+        if out is None:
+            return v
+        return out if cls is list else tuple(out)
+    return v
 
 
 @contextlib.contextmanager
@@ -121,9 +318,12 @@ class _Context(multiprocessing.context.SpawnContext):
     Process = _Process
 
 
-def _new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
+def _new_pool(
+    workers: int, ring: _ring.Ring | None = None
+) -> concurrent.futures.ProcessPoolExecutor:
+    initargs = (ring.name, ring.size) if ring is not None else ()
     pool = concurrent.futures.ProcessPoolExecutor(
-        max_workers=workers, mp_context=_Context(), initializer=_initializer
+        max_workers=workers, mp_context=_Context(), initializer=_initializer, initargs=initargs
     )
     try:
         # Launches the workers now (on this thread, not the loop's) and proves they run.
@@ -131,10 +331,7 @@ def _new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
         # A starting interpreter imports for a good part of a second; lower its priority from
         # here, at once, so that start-up does not take a core from the application's loop.
         for pid in list(getattr(pool, "_processes", None) or ()):
-            try:
-                os.setpriority(os.PRIO_PROCESS, pid, 10)
-            except (AttributeError, OSError):
-                pass
+            _yield_cpu(pid)
         started.result(timeout=_START_TIMEOUT)
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
@@ -149,10 +346,12 @@ class Offloader:
     (``offloaded``) and each fallback by reason.
     """
 
-    def __init__(self, workers: int | None = None) -> None:
+    def __init__(self, workers: int | None = None, ring_size: int = _ring.DEFAULT_SIZE) -> None:
         self.workers = workers or _default_workers()
         self.stats: Counter[str] = Counter()
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._ring: _ring.Ring | None = None
+        self._ring_size = ring_size
         # unstarted -> running -> (broken -> running) -> retired | unavailable | shutdown
         self._state = "unstarted"
         self._replaced = False
@@ -212,6 +411,71 @@ class Offloader:
             )
         return self._collect(pool, future, (wire, inputs, output, pol, max_span, encoding))
 
+    def job(self, span: Span, cfg: Config, encoding: str, nbytes: int) -> Job:
+        """Prepare ``span`` for :meth:`deliver`: the user's hooks run here, once."""
+        return Job(_serialize.prepare(span, cfg), encoding, nbytes)
+
+    async def deliver(self, job: Job, dest: Destination) -> Response | str | bytes:
+        """Have a worker send ``job`` to ``dest`` as a request of its own.
+
+        Returns the backend's ``Response``; a ``str`` naming the error when no answer came
+        (retry as for any request); or the encoded span (``bytes``) when the worker could not
+        take it, for the caller to send itself (the reason is counted)."""
+        if self._state != "running":
+            await self._ensure_pool()
+        pool = self._pool if self._state == "running" else None
+        if pool is None:
+            return self._finish_inline(*job.prepared, job.encoding, self._fallback_reason())
+        ring = self._ring
+        wire, inputs, output, pol, max_span = job.prepared
+        offs: list[int] = []
+        try:
+            if ring is not None:
+                budget = [LIFT_BUDGET]
+                inputs = (inputs[0], _lift(inputs[1], ring, offs, budget))
+                output = (output[0], _lift(output[1], ring, offs, budget))
+            blob = pickle.dumps((dest, wire, inputs, output, pol, max_span), protocol=5)
+            future = pool.submit(_deliver, blob, len(offs))
+        except BrokenProcessPool:
+            self._release(ring, offs)
+            self._broken(pool)
+            return self._finish_inline(*job.prepared, job.encoding, "broken_pool")
+        except RuntimeError as exc:
+            self._release(ring, offs)
+            reason = "shutdown" if "shutdown" in str(exc) else "unpicklable"
+            return self._finish_inline(*job.prepared, job.encoding, reason)
+        except Exception:
+            self._release(ring, offs)
+            return self._finish_inline(*job.prepared, job.encoding, "unpicklable")
+        if offs:
+            assert ring is not None
+            # Released when the worker is done with the regions (also when the task awaiting
+            # the answer is cancelled), never before.
+            future.add_done_callback(lambda _: self._release(ring, offs))
+        try:
+            kind, detail, counts = await asyncio.wrap_future(future)
+        except BrokenProcessPool:
+            self._broken(pool)
+            return self._finish_inline(*job.prepared, job.encoding, "broken_pool")
+        except Exception:
+            return self._finish_inline(*job.prepared, job.encoding, "worker_error")
+        if kind == "error":
+            return self._finish_inline(*job.prepared, job.encoding, "worker_error")
+        if not job.counted:
+            job.counted = True
+            self.stats["offloaded"] += 1
+            _serialize.stats.update(counts)
+        if kind == "unsent":
+            return str(detail)
+        status, retry_after, body = detail
+        return Response(status, {"retry-after": retry_after} if retry_after else {}, body)
+
+    @staticmethod
+    def _release(ring: _ring.Ring | None, offs: list[int]) -> None:
+        if ring is not None:
+            for off in offs:
+                ring.release(off)
+
     async def _collect(
         self,
         pool: concurrent.futures.ProcessPoolExecutor,
@@ -267,9 +531,14 @@ class Offloader:
         with self._lock:
             if self._state not in ("unstarted", "broken"):
                 return
+            # A replacement pool gets a new ring: the old one may still be read by a dying
+            # worker's last task.
+            ring = _ring.create(self._ring_size) if self._ring_size else None
             try:
-                pool = _new_pool(self.workers)
+                pool = _new_pool(self.workers, ring)
             except Exception as exc:
+                if ring is not None:
+                    ring.close()
                 _serialize.logger.warning(
                     "looptrace: no worker process (%s); serializing inline", exc
                 )
@@ -277,8 +546,11 @@ class Offloader:
                 return
             if self._state not in ("unstarted", "broken"):
                 pool.shutdown(wait=False)  # shut down while we were starting
+                if ring is not None:
+                    ring.close()
                 return
             self._pool = pool
+            self._ring = ring
             self._state = "running"
 
     def _broken(self, pool: concurrent.futures.ProcessPoolExecutor) -> None:
@@ -286,19 +558,25 @@ class Offloader:
             if self._pool is not pool:
                 return  # another span already dealt with this pool
             self._pool = None
+            ring, self._ring = self._ring, None
             if self._state == "running":
                 # Replace a broken pool once; a second break means something kills workers.
                 self._state = "retired" if self._replaced else "broken"
                 self._replaced = True
         pool.shutdown(wait=False, cancel_futures=True)
+        if ring is not None:
+            ring.close()
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop the workers; later ``encode`` calls serialize inline."""
         with self._lock:
             pool, self._pool = self._pool, None
+            ring, self._ring = self._ring, None
             self._state = "shutdown"
         if pool is not None:
             pool.shutdown(wait=wait, cancel_futures=True)
+        if ring is not None:
+            ring.close()
 
 
 def _default_workers() -> int:

@@ -121,6 +121,10 @@ class Resource:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Resource is immutable")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from its fields: the default would set the slots one by one (and fail).
+        return (Resource, (self.attributes, self.scope_name, self.scope_version))
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Resource):
             return NotImplemented

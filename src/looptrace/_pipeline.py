@@ -39,6 +39,7 @@ from ._config import Config
 from ._context import suppress_tracing
 from ._transport import (
     HttpTransport,
+    Response,
     RetryPolicy,
     Transport,
     in_background,
@@ -220,6 +221,7 @@ class Pipeline:
         self._drop_log: dict[str, tuple[float, int]] = {}
         self._codec_loaded = False
         self._offloader: Any = None
+        self._destination: Any = None  # an _offload.Destination: workers send large spans
         self._resource: Resource | None = None
 
         # Until the codec is loaded (in a worker thread, by the first drain: importing it on the
@@ -261,6 +263,7 @@ class Pipeline:
     def _load_codec(self) -> None:
         from . import _otlp
 
+        cfg = self.cfg
         self._resource = _otlp.default_resource(self.cfg)
         self._content_type = _otlp.content_type(self.cfg.encoding)
         self._encode_request = _otlp.encode_request
@@ -268,8 +271,8 @@ class Pipeline:
         from . import _serialize
         from ._encode import SpanEncoder
 
-        self._span_encoder = SpanEncoder(self.cfg)
-        if self.cfg.offload:
+        self._span_encoder = SpanEncoder(cfg)
+        if cfg.offload:
             try:
                 from ._offload import Offloader
             except RuntimeError:
@@ -278,6 +281,20 @@ class Pipeline:
                 pass
             else:
                 self._offloader = Offloader()
+                if cfg.endpoint is not None and self._transport_factory == self._default_transport:
+                    # Plain OTLP/HTTP: a worker can send a large span itself, so that its
+                    # bytes never come back to this process (other transports get the
+                    # encoded span back from the worker instead).
+                    from ._offload import Destination
+
+                    self._destination = Destination(
+                        cfg.endpoint,
+                        dict(cfg.headers),
+                        cfg.export_timeout,
+                        cfg.encoding,
+                        cfg.compression,
+                        self._resource,
+                    )
         self.buffer._estimate = _serialize.estimate_size
         self._codec_loaded = True
 
@@ -517,10 +534,12 @@ class Pipeline:
         cfg = self.cfg
         encoding = cfg.encoding
         from ._encode import OFFLOAD
+        from ._serialize import estimate_size
 
         plan, encode = self._span_encoder.plan, self._span_encoder.encode
         offloader = self._offloader
-        chunks: list[bytes | None] = [None] * len(spans)
+        remote = self._destination is not None
+        chunks: list[Any] = [None] * len(spans)
         offloaded: list[tuple[int, Any]] = []
         clock = time.perf_counter
         started = clock()
@@ -528,6 +547,10 @@ class Pipeline:
             try:
                 flags = plan(span)
                 if flags & OFFLOAD and offloader is not None:
+                    if remote:
+                        # Travels alone, encoded and sent by a worker; the hooks run now.
+                        chunks[i] = offloader.job(span, cfg, encoding, estimate_size(span))
+                        continue
                     if offloader.state in ("unstarted", "broken"):
                         # Start the pool before the first handoff, so that every handoff of
                         # this drain happens inside a time slice, not all at once after it.
@@ -555,26 +578,40 @@ class Pipeline:
             self.buffer.count_drop("rejected", lost)
         return self._split(batch, chunks)
 
-    def _split(self, batch: Batch, chunks: list[bytes | None]) -> list[Batch]:
-        """One batch per max_batch_bytes of encoded spans (estimates can be off)."""
+    def _split(self, batch: Batch, chunks: list[Any]) -> list[Batch]:
+        """One batch per max_batch_bytes of encoded spans (estimates can be off); a span that
+        a worker sends (a Job among the chunks) is a batch of its own."""
         limit = self.cfg.max_batch_bytes
-        bounds: list[tuple[int, int, int]] = []
+        bounds: list[tuple[int, int]] = []
+        jobs = False
         start = size = 0
         for i, chunk in enumerate(chunks):
-            n = len(chunk) if chunk is not None else 0
-            if size and size + n > limit:
-                bounds.append((start, i, size))
-                start, size = i, 0
-            size += n
-        bounds.append((start, len(chunks), size))
-        if len(bounds) == 1:
+            if chunk is None or type(chunk) is bytes:
+                n = len(chunk) if chunk is not None else 0
+                if size and size + n > limit:
+                    bounds.append((start, i))
+                    start, size = i, 0
+                size += n
+                continue
+            jobs = True
+            if i > start:
+                bounds.append((start, i))
+            bounds.append((i, i + 1))
+            start, size = i + 1, 0
+        if start < len(chunks) or not bounds:
+            bounds.append((start, len(chunks)))
+        if len(bounds) == 1 and not jobs:
             batch.chunks = [c for c in chunks if c is not None]
             batch.lost = len(chunks) - len(batch.chunks)
             self.buffer.resize(batch, size)
             return [batch]
         parts = []
-        for start, end, _ in bounds:
-            kept = [c for c in chunks[start:end] if c is not None]
+        for start, end in bounds:
+            piece = chunks[start:end]
+            if end - start == 1 and piece[0] is not None and type(piece[0]) is not bytes:
+                parts.append(_job_part(batch.lo + start, piece[0]))
+                continue
+            kept = [c for c in piece if c is not None]
             parts.append(_part(batch.lo + start, batch.lo + end, kept, end - start - len(kept)))
         self.buffer.replace(batch, parts)
         return parts
@@ -638,6 +675,22 @@ class Pipeline:
 
     async def _send_once(self, home: _Home, batch: Batch) -> None:
         assert self._resource is not None
+        if batch.job is not None:
+            offloader = self._offloader
+            if offloader is None:  # the pipeline shut down under this send
+                self._failed(batch, "shut down", None)
+                return
+            outcome = await offloader.deliver(batch.job, self._destination)
+            if isinstance(outcome, str):
+                self._failed(batch, outcome, None)
+                return
+            if isinstance(outcome, Response):
+                self._answered(batch, outcome)
+                return
+            # No worker could take it: this process sends the span it encoded instead.
+            batch.job = None
+            batch.chunks = [outcome]
+            self.buffer.resize(batch, len(outcome))
         body = self._encode_request(batch.chunks, self._resource, self.cfg.encoding)
         compression = self.cfg.compression
         if compression != "none":
@@ -659,6 +712,10 @@ class Pipeline:
                 batch, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, None
             )
             return
+        self._answered(batch, response)
+
+    def _answered(self, batch: Batch, response: Response) -> None:
+        """Apply the retry rules to what the backend answered for ``batch``."""
         verdict = self.retry.classify(response.status)
         if verdict == "ok":
             with self._lock:
@@ -1038,6 +1095,13 @@ def _halves(batch: Batch) -> list[Batch]:
             part.records = len(chunks)
             parts.append(part)
     return parts
+
+
+def _job_part(lo: int, job: Any) -> Batch:
+    part = Batch(lo, lo + 1, [], job.nbytes)
+    part.spans = None
+    part.job = job
+    return part
 
 
 def _part(lo: int, hi: int, chunks: list[bytes], lost: int) -> Batch:
