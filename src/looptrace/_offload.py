@@ -245,45 +245,63 @@ class Job:
         self.counted = False
 
 
-def _lift(v: Any, ring: _ring.Ring, offs: list[int], budget: list[int]) -> Any:
-    """``v`` with its large str and bytes leaves copied into the ring and replaced by slots.
+class _Lifter:
+    """Copies a payload's large str and bytes leaves into the ring and replaces them by slots.
+
     Only plain dicts, lists and tuples are rebuilt (shallow copies on the way to a slot), and
-    at most ``budget`` values are visited: anything else travels in the pickle as before."""
-    cls = type(v)
-    if cls is str or cls is bytes or cls is bytearray:
-        if len(v) >= _ring.MIN_COPY_BYTES:
-            slot = ring.put(v)
-            if slot is not None:
-                offs.append(slot.off)
-                return slot
+    at most ``LIFT_BUDGET`` values are visited: anything else travels in the pickle as before.
+    A value met twice (or through a cycle) is copied once."""
+
+    def __init__(self, ring: _ring.Ring) -> None:
+        self.ring = ring
+        self.slots = 0  # slots placed, repeats included: what the worker must find
+        self.budget = LIFT_BUDGET
+        self._memo: dict[int, _ring.Slot] = {}
+
+    @property
+    def regions(self) -> list[int]:
+        return [slot.off for slot in self._memo.values()]
+
+    def lift(self, v: Any) -> Any:
+        cls = type(v)
+        if cls is str or cls is bytes or cls is bytearray:
+            if len(v) < _ring.MIN_COPY_BYTES:
+                return v
+            slot = self._memo.get(id(v))
+            if slot is None:
+                slot = self.ring.put(v)
+                if slot is None:
+                    return v
+                self._memo[id(v)] = slot
+            self.slots += 1
+            return slot
+        if cls is dict:
+            out: Any = None
+            for k, x in v.items():
+                self.budget -= 1
+                if self.budget < 0:
+                    break
+                y = self.lift(x)
+                if y is not x:
+                    if out is None:
+                        out = dict(v)
+                    out[k] = y
+            return v if out is None else out
+        if cls is list or cls is tuple:
+            out = None
+            for i, x in enumerate(v):
+                self.budget -= 1
+                if self.budget < 0:
+                    break
+                y = self.lift(x)
+                if y is not x:
+                    if out is None:
+                        out = list(v)
+                    out[i] = y
+            if out is None:
+                return v
+            return out if cls is list else tuple(out)
         return v
-    if cls is dict:
-        out: Any = None
-        for k, x in v.items():
-            budget[0] -= 1
-            if budget[0] < 0:
-                break
-            y = _lift(x, ring, offs, budget)
-            if y is not x:
-                if out is None:
-                    out = dict(v)
-                out[k] = y
-        return v if out is None else out
-    if cls is list or cls is tuple:
-        out = None
-        for i, x in enumerate(v):
-            budget[0] -= 1
-            if budget[0] < 0:
-                break
-            y = _lift(x, ring, offs, budget)
-            if y is not x:
-                if out is None:
-                    out = list(v)
-                out[i] = y
-        if out is None:
-            return v
-        return out if cls is list else tuple(out)
-    return v
 
 
 @contextlib.contextmanager
@@ -428,30 +446,28 @@ class Offloader:
             return self._finish_inline(*job.prepared, job.encoding, self._fallback_reason())
         ring = self._ring
         wire, inputs, output, pol, max_span = job.prepared
-        offs: list[int] = []
+        lifter = _Lifter(ring) if ring is not None else None
         try:
-            if ring is not None:
-                budget = [LIFT_BUDGET]
-                inputs = (inputs[0], _lift(inputs[1], ring, offs, budget))
-                output = (output[0], _lift(output[1], ring, offs, budget))
+            if lifter is not None:
+                inputs = (inputs[0], lifter.lift(inputs[1]))
+                output = (output[0], lifter.lift(output[1]))
             blob = pickle.dumps((dest, wire, inputs, output, pol, max_span), protocol=5)
-            future = pool.submit(_deliver, blob, len(offs))
+            future = pool.submit(_deliver, blob, lifter.slots if lifter is not None else 0)
         except BrokenProcessPool:
-            self._release(ring, offs)
+            self._release(ring, lifter)
             self._broken(pool)
             return self._finish_inline(*job.prepared, job.encoding, "broken_pool")
         except RuntimeError as exc:
-            self._release(ring, offs)
+            self._release(ring, lifter)
             reason = "shutdown" if "shutdown" in str(exc) else "unpicklable"
             return self._finish_inline(*job.prepared, job.encoding, reason)
         except Exception:
-            self._release(ring, offs)
+            self._release(ring, lifter)
             return self._finish_inline(*job.prepared, job.encoding, "unpicklable")
-        if offs:
-            assert ring is not None
+        if lifter is not None and lifter.slots:
             # Released when the worker is done with the regions (also when the task awaiting
             # the answer is cancelled), never before.
-            future.add_done_callback(lambda _: self._release(ring, offs))
+            future.add_done_callback(lambda _: self._release(ring, lifter))
         try:
             kind, detail, counts = await asyncio.wrap_future(future)
         except BrokenProcessPool:
@@ -471,9 +487,9 @@ class Offloader:
         return Response(status, {"retry-after": retry_after} if retry_after else {}, body)
 
     @staticmethod
-    def _release(ring: _ring.Ring | None, offs: list[int]) -> None:
-        if ring is not None:
-            for off in offs:
+    def _release(ring: _ring.Ring | None, lifter: _Lifter | None) -> None:
+        if ring is not None and lifter is not None:
+            for off in lifter.regions:
                 ring.release(off)
 
     async def _collect(

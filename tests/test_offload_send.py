@@ -1,0 +1,224 @@
+"""Large spans sent by the worker itself, against a real OTLP server on 127.0.0.1: the bytes on
+the wire, what each answer means to the pipeline, and every way the worker can fail."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import looptrace
+from looptrace import _otlp, _pipeline, _serialize
+from looptrace._config import Config
+from looptrace._offload import Destination, Offloader
+from looptrace._span import Span
+from looptrace._transport import Response, RetryPolicy
+from otlp_server import OtlpTestServer
+from pipeline_support import checked_server, install_pipeline
+
+CFG = Config()
+IMAGE = "QUJD" * 100_000  # 400 KB of base64: travels through the ring
+RAW = bytes(range(256)) * 400  # 100 KB of bytes: through the ring too
+
+
+def big_span(span_id: int = 2) -> Span:
+    span = Span("big", 1, span_id, 0, 1_000)
+    span.end_ns = 2_000
+    span.inputs = {
+        "image": IMAGE,
+        "pair": ("small", IMAGE[:70_000]),
+        "raw": RAW,
+        "api_key": "sk-123",
+    }
+    span.output = ["ok", bytearray(RAW)]
+    return span
+
+
+def expected_body(span: Span, encoding: str) -> bytes:
+    chunk = _otlp.encode_span(_serialize.to_wire(span, CFG), encoding)
+    return _otlp.encode_request([chunk], _otlp.default_resource(CFG), encoding)
+
+
+def destination(server: OtlpTestServer, encoding: str = "protobuf", **headers: str) -> Destination:
+    return Destination(server.endpoint, headers, 5.0, encoding, "gzip", _otlp.default_resource(CFG))
+
+
+@pytest.fixture(scope="module")
+def offloader() -> Iterator[Offloader]:
+    off = Offloader(workers=1)
+    yield off
+    off.shutdown(wait=True)
+
+
+@pytest.fixture
+def server() -> Iterator[OtlpTestServer]:
+    with checked_server() as srv:
+        yield srv
+
+
+@pytest.mark.parametrize("encoding", ["protobuf", "json"])
+async def test_worker_sends_the_bytes_the_parent_would_have_sent(
+    offloader: Offloader, server: OtlpTestServer, encoding: str
+) -> None:
+    """The request a worker sends is, once decompressed, byte for byte the request the parent
+    would have built for that span alone: strings and bytes that crossed in shared memory,
+    inside dicts, tuples and lists, come out the same, and the secret is redacted."""
+    span = big_span()
+    job = offloader.job(span, CFG, encoding, 0)
+    outcome = await offloader.deliver(job, destination(server, encoding, authorization="k"))
+    assert isinstance(outcome, Response) and outcome.status == 200
+    (received,) = server.requests
+    assert received.headers["content-encoding"] == "gzip"
+    assert received.headers["authorization"] == "k"
+    assert gzip.decompress(received.body) == expected_body(span, encoding)
+    assert b"sk-123" not in gzip.decompress(received.body)
+    ring = offloader._ring
+    assert ring is not None and ring.busy == 0  # every region came back
+
+
+async def test_worker_reports_what_the_server_answered(
+    offloader: Offloader, server: OtlpTestServer
+) -> None:
+    """Status and Retry-After reach the parent, which decides; a retry sends the span again."""
+    job = offloader.job(big_span(), CFG, "protobuf", 0)
+    server.fail_next(429, retry_after="7")
+    outcome = await offloader.deliver(job, destination(server))
+    assert isinstance(outcome, Response)
+    assert (outcome.status, outcome.headers.get("retry-after")) == (429, "7")
+    outcome = await offloader.deliver(job, destination(server))
+    assert isinstance(outcome, Response) and outcome.status == 200
+    assert server.statuses() == [429, 200]
+    assert server.accepted_span_count == 1
+
+
+async def test_no_answer_is_an_error_string(offloader: Offloader) -> None:
+    """A refused connection comes back as a description (the pipeline retries it)."""
+    with OtlpTestServer() as srv:
+        dest = destination(srv)
+    outcome = await offloader.deliver(offloader.job(big_span(), CFG, "protobuf", 0), dest)
+    assert isinstance(outcome, str) and "Connect" in outcome
+
+
+def test_destination_repr_hides_headers(server: OtlpTestServer) -> None:
+    dest = destination(server, authorization="Bearer sk-secret")
+    assert "sk-secret" not in repr(dest) and "redacted" in repr(dest)
+
+
+async def test_worker_killed_mid_send_gives_the_span_back_to_the_parent(
+    server: OtlpTestServer,
+) -> None:
+    """The worker dies while its request is held: the parent gets the encoded span back to
+    send itself, the reason is counted, and the next pool sends again."""
+    off = Offloader(workers=1)
+    try:
+        await off.ready()
+        server.hold()
+        span = big_span()
+        task = asyncio.ensure_future(
+            off.deliver(off.job(span, CFG, "protobuf", 0), destination(server))
+        )
+        assert await asyncio.to_thread(server.wait_for_active, 1)
+        os.kill(off.worker_pids()[0], signal.SIGKILL)
+        outcome = await task
+        server.release()
+        assert outcome == _otlp.encode_span(_serialize.to_wire(span, CFG), "protobuf")
+        assert off.stats["broken_pool"] == 1
+        outcome = await off.deliver(off.job(big_span(3), CFG, "protobuf", 0), destination(server))
+        assert isinstance(outcome, Response) and outcome.status == 200
+    finally:
+        server.release()
+        off.shutdown(wait=True)
+
+
+async def test_value_the_worker_cannot_rebuild_comes_back_encoded(
+    offloader: Offloader, server: OtlpTestServer
+) -> None:
+    from test_offload import OnlyInParent
+
+    span = big_span()
+    span.output = {"obj": OnlyInParent()}
+    before = offloader.stats["worker_error"]
+    outcome = await offloader.deliver(offloader.job(span, CFG, "protobuf", 0), destination(server))
+    assert outcome == _otlp.encode_span(_serialize.to_wire(span, CFG), "protobuf")
+    assert offloader.stats["worker_error"] == before + 1
+    assert server.request_count == 0
+
+
+# --------------------------------------------------------------------------- the pipeline
+
+
+def traced_calls(small: int, large: int) -> None:
+    @looptrace.traced
+    def handle(request: Any) -> str:
+        return "ok"
+
+    for i in range(small):
+        handle({"i": i})
+    for i in range(large):
+        handle({"i": i, "image": IMAGE})
+
+
+FAST_RETRY = RetryPolicy(base_delay=0.01, max_delay=0.05, budget=10.0)
+
+
+async def test_pipeline_sends_each_large_span_alone(server: OtlpTestServer) -> None:
+    """Small spans still share requests; each large span goes in a request of its own, sent by
+    the worker, and flush() waits for all of them."""
+    pipe = install_pipeline(server, retry=FAST_RETRY)
+    traced_calls(small=5, large=3)
+    assert await looptrace.flush(timeout=30)
+    assert server.accepted_span_count == 8
+    sizes = sorted(len(r.spans) for r in server.requests)
+    assert sizes[:3] == [1, 1, 1] and sum(sizes) == 8
+    assert pipe._offloader.stats["offloaded"] == 3
+    assert looptrace.statistics().spans_sent == 8
+    await looptrace.shutdown()
+
+
+async def test_pipeline_retries_what_the_worker_reports(server: OtlpTestServer) -> None:
+    """503s and a 429 answered to the worker are retried by the pipeline's rules: nothing is
+    lost, and the retries are counted."""
+    pipe = install_pipeline(server, retry=FAST_RETRY)
+    server.fail_next(503, 503, 429)
+    traced_calls(small=0, large=1)
+    assert await looptrace.flush(timeout=30)
+    assert server.statuses() == [503, 503, 429, 200]
+    assert pipe.retries == 3
+    assert server.accepted_span_count == 1
+    await looptrace.shutdown()
+
+
+async def test_pipeline_drops_a_large_span_the_backend_rejects(server: OtlpTestServer) -> None:
+    pipe = install_pipeline(server, retry=FAST_RETRY)
+    server.fail_next(400)
+    traced_calls(small=0, large=1)
+    await looptrace.flush(timeout=30)
+    assert pipe.buffer.dropped["rejected"] == 1
+    assert "HTTP 400" in (pipe.last_error or "")
+    await looptrace.shutdown()
+
+
+async def test_other_transports_get_the_encoded_span_back(server: OtlpTestServer) -> None:
+    """With a transport the worker cannot use (here a custom factory), large spans are encoded
+    in the worker and sent by the pipeline, in shared requests."""
+    from looptrace._transport import HttpTransport
+
+    config = looptrace.Config.from_env(endpoint=server.endpoint, flush_interval=0.05)
+    pipe = _pipeline.install(
+        _pipeline.Pipeline(
+            config,
+            transport_factory=lambda: HttpTransport(server.endpoint),
+            retry_policy=FAST_RETRY,
+        )
+    )
+    traced_calls(small=2, large=2)
+    assert await looptrace.flush(timeout=30)
+    assert server.accepted_span_count == 4
+    assert server.request_count == 1
+    assert pipe._destination is None
+    await looptrace.shutdown()

@@ -1,0 +1,129 @@
+"""The shared-memory ring: regions handed out first in, first out, never overwritten while in
+use, and values that come back out exactly as they went in."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from looptrace import _offload, _ring
+
+SIZE = 1 << 20
+BIG = 64 * 1024
+
+
+@pytest.fixture
+def ring() -> Iterator[_ring.Ring]:
+    r = _ring.create(SIZE)
+    assert r is not None, "shared memory is available on the machines we test on"
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def reader(ring: _ring.Ring) -> _ring.Reader:
+    return _ring.attach(ring.name, ring.size)
+
+
+def test_values_round_trip(ring: _ring.Ring, reader: _ring.Reader) -> None:
+    text = "A" * BIG
+    raw = bytes(range(256)) * 256
+    for value in (text, raw, bytearray(raw)):
+        slot = ring.put(value)
+        assert slot is not None
+        out = reader.value(slot)
+        assert type(out) is type(value) and out == value
+
+
+def test_values_it_does_not_carry(ring: _ring.Ring) -> None:
+    """Non-ASCII strings would need a UTF-8 copy first, and other types are not flat."""
+    assert ring.put("é" * BIG) is None
+    assert ring.put(memoryview(b"x" * BIG)) is None
+    assert ring.put(["x"] * BIG) is None
+
+
+def test_full_ring_says_no_and_wraps_once_space_frees(ring: _ring.Ring) -> None:
+    quarter = "q" * (SIZE // 4)
+    slots = [ring.put(quarter) for _ in range(4)]
+    assert all(s is not None for s in slots)
+    assert ring.put(quarter) is None  # full: the caller pickles instead
+    ring.release(slots[1].off)  # type: ignore[union-attr]
+    assert ring.put(quarter) is None  # the oldest region still holds the head of the ring
+    ring.release(slots[0].off)  # type: ignore[union-attr]
+    wrapped = ring.put(quarter)
+    assert wrapped is not None and wrapped.off == 0
+    assert ring.put("r" * (SIZE // 4)) is not None  # [quarter, half) was freed as well
+    assert ring.put("x") is None
+
+
+def test_regions_in_use_are_never_overwritten(ring: _ring.Ring, reader: _ring.Reader) -> None:
+    """Under churn with out-of-order releases, every live region still reads back intact."""
+    live: dict[int, tuple[_ring.Slot, bytes]] = {}
+    for i in range(200):
+        value = bytes([i % 251]) * (BIG + (i * 7919) % (SIZE // 5))
+        slot = ring.put(value)
+        if slot is None:
+            oldest = min(live)
+            ring.release(live.pop(oldest)[0].off)
+            continue
+        live[i] = (slot, value)
+        if i % 3 == 0 and len(live) > 1:
+            newest = max(live)
+            ring.release(live.pop(newest)[0].off)
+        for s, v in live.values():
+            assert reader.value(s) == v
+    assert ring.busy == len(live)
+
+
+def test_closed_ring_takes_nothing(ring: _ring.Ring) -> None:
+    ring.close()
+    assert ring.put("x" * BIG) is None
+    ring.close()  # twice is fine
+
+
+payloads = st.recursive(
+    st.one_of(
+        st.integers(),
+        st.text(max_size=5),
+        st.sampled_from(["a" * BIG, b"b" * BIG, bytearray(b"c" * BIG), "é" * 10]),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.tuples(inner, inner),
+        st.dictionaries(st.text(max_size=3), inner, max_size=4),
+    ),
+    max_leaves=12,
+)
+
+
+@given(payloads)
+def test_lift_then_restore_gives_back_the_value(value: Any) -> None:
+    """What the parent lifts into the ring, the worker restores: an equal value of the same
+    types, whatever the nesting; the parent's own value is left untouched."""
+    ring = _ring.create(4 * SIZE)
+    assert ring is not None
+    try:
+        reader = _ring.attach(ring.name, ring.size)
+        lifter = _offload._Lifter(ring)
+        before = repr(value)
+        lifted = lifter.lift(value)
+        assert repr(value) == before
+        restored = _offload._restore(lifted, reader, [lifter.slots, _offload.LIFT_BUDGET])
+        assert restored == value and repr(restored) == repr(value)
+    finally:
+        ring.close()
+
+
+def test_lift_stays_within_its_budget(ring: _ring.Ring) -> None:
+    """A self-referencing dict is walked at most LIFT_BUDGET values deep, without error, and
+    its string is copied into the ring once."""
+    d: dict[str, Any] = {"image": "i" * BIG}
+    d["self"] = d
+    lifter = _offload._Lifter(ring)
+    lifted = lifter.lift(d)
+    assert lifted is not d and d["image"] == "i" * BIG
+    assert lifter.slots > 1 and len(lifter.regions) == 1 and ring.busy == 1
