@@ -275,32 +275,20 @@ class _Lifter:
                 self._memo[id(v)] = slot
             self.slots += 1
             return slot
-        if cls is dict:
+        if cls is dict or cls is list or cls is tuple:
             out: Any = None
-            for k, x in v.items():
+            for k, x in v.items() if cls is dict else enumerate(v):
                 self.budget -= 1
                 if self.budget < 0:
                     break
                 y = self.lift(x)
                 if y is not x:
                     if out is None:
-                        out = dict(v)
+                        out = dict(v) if cls is dict else list(v)
                     out[k] = y
-            return v if out is None else out
-        if cls is list or cls is tuple:
-            out = None
-            for i, x in enumerate(v):
-                self.budget -= 1
-                if self.budget < 0:
-                    break
-                y = self.lift(x)
-                if y is not x:
-                    if out is None:
-                        out = list(v)
-                    out[i] = y
             if out is None:
                 return v
-            return out if cls is list else tuple(out)
+            return tuple(out) if cls is tuple else out
         return v
 
 
