@@ -26,7 +26,7 @@ def ring() -> Iterator[_ring.Ring]:
 
 @pytest.fixture
 def reader(ring: _ring.Ring) -> _ring.Reader:
-    return _ring.attach(ring.name, ring.size)
+    return _ring.Reader(ring.name, ring.size)
 
 
 def test_values_round_trip(ring: _ring.Ring, reader: _ring.Reader) -> None:
@@ -107,7 +107,7 @@ def test_lift_then_restore_gives_back_the_value(value: Any) -> None:
     ring = _ring.create(4 * SIZE)
     assert ring is not None
     try:
-        reader = _ring.attach(ring.name, ring.size)
+        reader = _ring.Reader(ring.name, ring.size)
         lifter = _offload._Lifter(ring)
         before = repr(value)
         lifted = lifter.lift(value)

@@ -78,7 +78,7 @@ def _initializer(ring_name: str | None = None, ring_size: int = 0) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _yield_cpu(0)
     if ring_name is not None:
-        _reader = _ring.attach(ring_name, ring_size)
+        _reader = _ring.Reader(ring_name, ring_size)
 
 
 def _ping() -> int:

@@ -26,7 +26,7 @@ import secrets
 import threading
 from typing import Any
 
-__all__ = ["MIN_COPY_BYTES", "Ring", "Slot", "attach", "create"]
+__all__ = ["MIN_COPY_BYTES", "Reader", "Ring", "Slot", "create"]
 
 # Below this a pickle copy costs a few microseconds: not worth a region.
 MIN_COPY_BYTES = 64 * 1024
@@ -125,10 +125,12 @@ class Ring:
         self._view = self._mapping.view
         self._base = self._mapping.addr
         self._memmove = ctypes.memmove
-        as_utf8 = ctypes.pythonapi.PyUnicode_AsUTF8AndSize
-        as_utf8.restype = ctypes.c_void_p
-        as_utf8.argtypes = [ctypes.py_object, ctypes.POINTER(ctypes.c_ssize_t)]
-        self._as_utf8 = as_utf8
+        # A prototype of our own: setting argtypes on ctypes.pythonapi's shared attribute would
+        # change it for every other user of that function in the process.
+        prototype = ctypes.PYFUNCTYPE(
+            ctypes.c_void_p, ctypes.py_object, ctypes.POINTER(ctypes.c_ssize_t)
+        )
+        self._as_utf8 = prototype(("PyUnicode_AsUTF8AndSize", ctypes.pythonapi))
         self._n = ctypes.c_ssize_t()
         self._lock = threading.Lock()
         # Live regions in allocation order: [offset, end, released].
@@ -232,7 +234,8 @@ def create(size: int = DEFAULT_SIZE) -> Ring | None:
 
 
 class Reader:
-    """The worker's side: the same memory, mapped read-write, turned back into values."""
+    """The worker's side (``Reader(ring.name, ring.size)``): the same memory, mapped, turned
+    back into values."""
 
     def __init__(self, name: str, size: int) -> None:
         import _posixshmem  # type: ignore[import-not-found,unused-ignore]
@@ -250,8 +253,3 @@ class Reader:
         if slot.kind == _BYTES:
             return bytes(piece)
         return bytearray(piece)
-
-
-def attach(name: str, size: int) -> Reader:
-    """Map the parent's ring in a worker."""
-    return Reader(name, size)
