@@ -139,7 +139,7 @@ async def test_killed_worker_is_replaced_once_then_inline() -> None:
 async def test_no_subprocesses_means_inline(monkeypatch: pytest.MonkeyPatch) -> None:
     """When no worker can start, every span is serialized inline, counted as unavailable."""
 
-    def cannot(workers: int, ring: Any = None) -> Any:
+    def cannot(workers: int) -> Any:
         raise OSError("no processes here")
 
     monkeypatch.setattr(_offload, "_new_pool", cannot)

@@ -4,6 +4,7 @@ the wire, what each answer means to the pipeline, and every way the worker can f
 from __future__ import annotations
 
 import asyncio
+import gc
 import gzip
 import os
 import signal
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 import looptrace
-from looptrace import _otlp, _pipeline, _serialize
+from looptrace import _offload, _otlp, _pipeline, _ring, _serialize
 from looptrace._config import Config
 from looptrace._offload import Destination, Offloader
 from looptrace._span import Span
@@ -22,8 +23,8 @@ from otlp_server import OtlpTestServer
 from pipeline_support import checked_server, install_pipeline
 
 CFG = Config()
-IMAGE = "QUJD" * 100_000  # 400 KB of base64: travels through the ring
-RAW = bytes(range(256)) * 400  # 100 KB of bytes: through the ring too
+IMAGE = "QUJD" * 100_000  # 400 KB of base64: read directly, or through the ring
+RAW = bytes(range(256)) * 400  # 100 KB of bytes: the same
 
 
 def big_span(span_id: int = 2) -> Span:
@@ -48,9 +49,18 @@ def destination(server: OtlpTestServer, encoding: str = "protobuf", **headers: s
     return Destination(server.endpoint, headers, 5.0, encoding, "gzip", _otlp.default_resource(CFG))
 
 
-@pytest.fixture(scope="module")
-def offloader() -> Iterator[Offloader]:
+@pytest.fixture(scope="module", params=["direct", "ring"])
+def offloader(request: pytest.FixtureRequest) -> Iterator[Offloader]:
+    """Each test twice: with direct reads where this kernel allows them, and with the ring
+    alone (as where it does not)."""
     off = Offloader(workers=1)
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == "ring":
+            patch.setattr(_offload, "_can_read_directly", lambda pool: None)
+        asyncio.run(off.ready())
+    if request.param == "direct" and off._direct is None:
+        off.shutdown(wait=True)
+        pytest.skip("this kernel does not let a worker read its parent's memory")
     yield off
     off.shutdown(wait=True)
 
@@ -66,7 +76,7 @@ async def test_worker_sends_the_bytes_the_parent_would_have_sent(
     offloader: Offloader, server: OtlpTestServer, encoding: str
 ) -> None:
     """The request a worker sends is, once decompressed, byte for byte the request the parent
-    would have built for that span alone: strings and bytes that crossed in shared memory,
+    would have built for that span alone: strings and bytes that crossed without a pickle,
     inside dicts, tuples and lists, come out the same, and the secret is redacted."""
     span = big_span()
     job = offloader.job(span, CFG, encoding, 0)
@@ -78,7 +88,40 @@ async def test_worker_sends_the_bytes_the_parent_would_have_sent(
     assert gzip.decompress(received.body) == expected_body(span, encoding)
     assert b"sk-123" not in gzip.decompress(received.body)
     ring = offloader._ring
-    assert ring is not None and ring.busy == 0  # every region came back
+    if offloader._direct is not None:
+        assert ring is None  # direct reads carry it all; the bytearray was pickled
+    else:
+        assert ring is not None and ring.busy == 0  # every region came back
+
+
+async def test_values_read_directly_outlive_a_caller_that_gave_up(
+    offloader: Offloader, server: OtlpTestServer
+) -> None:
+    """A worker reads a large value from the parent's memory when it gets to the span, which
+    can be after everything else in the parent let go of it (the task that waited was
+    cancelled at shutdown). The request must still carry the value, not freed memory."""
+    pool = offloader._pool
+    assert pool is not None
+    server.hold()
+    first = offloader._hand_off(
+        pool, offloader.job(big_span(), CFG, "protobuf", 0), destination(server)
+    )
+    assert not isinstance(first, bytes)
+    assert await asyncio.to_thread(server.wait_for_active, 1)  # the worker is busy with it
+    span = Span("big", 1, 3, 0, 1_000)
+    span.end_ns = 2_000
+    span.inputs = {"image": "".join(["QUJE"] * 100_000), "raw": bytes(RAW[::-1])}
+    want = expected_body(span, "protobuf")
+    second = offloader._hand_off(pool, offloader.job(span, CFG, "protobuf", 0), destination(server))
+    assert not isinstance(second, bytes)
+    del span
+    gc.collect()
+    churn = ["Z" * 400_000 for _ in range(20)]  # reuses memory freed too early, if any was
+    server.release()
+    assert (await asyncio.wrap_future(first))[0] == "answered"
+    assert (await asyncio.wrap_future(second))[0] == "answered"
+    assert gzip.decompress(server.requests[1].body) == want
+    assert len(churn) == 20
 
 
 async def test_worker_reports_what_the_server_answered(
@@ -102,6 +145,19 @@ async def test_no_answer_is_an_error_string(offloader: Offloader) -> None:
         dest = destination(srv)
     outcome = await offloader.deliver(offloader.job(big_span(), CFG, "protobuf", 0), dest)
     assert isinstance(outcome, str) and "Connect" in outcome
+
+
+def test_a_refused_direct_read_means_the_ring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the worker's test read fails (here: an address it cannot read, as when the kernel
+    refuses), the pool still runs and large values go through the ring."""
+    monkeypatch.setattr(_ring.Direct, "put", lambda self, v: _ring.Slot(8, 64, _ring._DIRECT_BYTES))
+    off = Offloader(workers=1)
+    try:
+        asyncio.run(off.ready())
+        assert off.state == "running"
+        assert off._direct is None and off._ring is not None
+    finally:
+        off.shutdown(wait=True)
 
 
 def test_destination_repr_hides_headers(server: OtlpTestServer) -> None:

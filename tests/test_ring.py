@@ -1,8 +1,10 @@
-"""The shared-memory ring: regions handed out first in, first out, never overwritten while in
-use, and values that come back out exactly as they went in."""
+"""How large strings and bytes reach the worker: the shared-memory ring (regions handed out
+first in, first out, never overwritten while in use) and direct reads (nothing copied), with
+values that come back out exactly as they went in."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -100,20 +102,52 @@ payloads = st.recursive(
 )
 
 
-@given(payloads)
-def test_lift_then_restore_gives_back_the_value(value: Any) -> None:
-    """What the parent lifts into the ring, the worker restores: an equal value of the same
-    types, whatever the nesting; the parent's own value is left untouched."""
+def test_direct_slots_read_back_without_a_copy() -> None:
+    """A direct slot names the value's own buffer; reading it (here from this very process)
+    gives an equal value of the same type."""
+    direct = _ring.Direct()
+    reader = _ring.Reader(None, 0, os.getpid())
+    text, raw = "T" * BIG, bytes(range(256)) * 256
+    for value in (text, raw, "", b""):
+        slot = direct.put(value)
+        assert slot is not None and slot.n == len(value)
+        out = reader.value(slot)
+        assert type(out) is type(value) and out == value
+    assert direct.put(text).off == direct.put(text).off  # type: ignore[union-attr]
+
+
+def test_direct_refuses_what_could_change_or_has_no_buffer() -> None:
+    direct = _ring.Direct()
+    assert direct.put("é" * BIG) is None  # no UTF-8 buffer until one is made
+    assert direct.put(bytearray(b"x" * BIG)) is None  # the caller could change it later
+    assert direct.put(memoryview(b"x" * BIG)) is None
+
+
+def test_reading_a_bad_address_is_an_error_not_garbage() -> None:
+    reader = _ring.Reader(None, 0, os.getpid())
+    with pytest.raises(OSError, match="process_vm_readv"):
+        reader.value(_ring.Slot(8, 100, _ring._DIRECT_STR))
+    with pytest.raises(LookupError):
+        reader.value(_ring.Slot(0, 100, _ring._STR))  # a ring slot, but no ring mapped
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["ring", "direct+ring"])
+@given(value=payloads)
+def test_lift_then_restore_gives_back_the_value(value: Any, direct: bool) -> None:
+    """What the parent lifts, the worker restores: an equal value of the same types, whatever
+    the nesting and whichever way each piece crossed; the parent's value is left untouched."""
     ring = _ring.create(4 * SIZE)
     assert ring is not None
     try:
-        reader = _ring.Reader(ring.name, ring.size)
-        lifter = _offload._Lifter(ring)
+        reader = _ring.Reader(ring.name, ring.size, os.getpid())
+        lifter = _offload._Lifter(ring, _ring.Direct() if direct else None)
         before = repr(value)
         lifted = lifter.lift(value)
         assert repr(value) == before
         restored = _offload._restore(lifted, reader, [lifter.slots, _offload.LIFT_BUDGET])
         assert restored == value and repr(restored) == repr(value)
+        if direct:
+            assert ring.busy == len(lifter.regions) <= repr(value).count("bytearray")
     finally:
         ring.close()
 

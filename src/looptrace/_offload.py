@@ -13,10 +13,11 @@ without an ``if __name__ == "__main__"`` guard neither breaks nor runs twice.
 Where the spans go over plain OTLP/HTTP (:class:`Destination`), a large span travels alone and
 the worker sends it too (:meth:`Offloader.deliver`): it serializes, encodes, compresses and
 POSTs, and answers with the status, so the payload's bytes never come back into this process.
-Its large strings and bytes reach the worker through shared memory (:mod:`looptrace._ring`), not
-through a pickle: on the loop that is one copy into warm memory. The pipeline applies its retry
-rules to the status the worker reports. For other transports (the local store, test transports)
-the worker returns the encoded span instead (:meth:`Offloader.submit`).
+Its large strings and bytes reach the worker without a pickle (:mod:`looptrace._ring`): read
+by the worker straight from this process's memory where the kernel allows it, else copied once
+into shared memory. The pipeline applies its retry rules to the status the worker reports.
+For other transports (the local store, test transports) the worker returns the encoded span
+instead (:meth:`Offloader.submit`).
 
 Fallbacks (all inline, counted in :attr:`Offloader.stats` by reason): a payload that does not
 pickle (``unpicklable``), an error in the worker (``worker_error``), a pool whose worker died
@@ -70,15 +71,20 @@ _reader: _ring.Reader | None = None
 _clients: dict[tuple[Any, ...], Any] = {}
 
 
-def _initializer(ring_name: str | None = None, ring_size: int = 0) -> None:
+def _initializer(parent: int | None = None) -> None:
     """Runs in each worker before any task: stay quiet on Ctrl-C (the parent handles it), and
     yield the CPU to the application: on a small machine a busy worker otherwise delays the
-    very event loop it exists to protect. Maps the parent's ring, if it has one."""
+    very event loop it exists to protect. Gets ready to read slots from the parent."""
     global _reader
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _yield_cpu(0)
-    if ring_name is not None:
-        _reader = _ring.Reader(ring_name, ring_size)
+    _reader = _ring.Reader(pid=parent)
+
+
+def _read_back(slot: _ring.Slot) -> Any:
+    """The value behind ``slot``, read here: the parent's test of direct reads."""
+    assert _reader is not None, "no reader"
+    return _reader.value(slot)
 
 
 def _ping() -> int:
@@ -145,7 +151,9 @@ def _client(dest: Destination) -> Any:
     return client
 
 
-def _deliver(blob: bytes, slots: int) -> tuple[str, Any, dict[str, int]]:
+def _deliver(
+    blob: bytes, settings: bytes, slots: int, ring: tuple[str, int] | None = None
+) -> tuple[str, Any, dict[str, int]]:
     """The worker's other entry point: finish one large span, and send it as a request of its
     own. Answers ``("answered", (status, retry_after, detail), counts)``, ``("unsent", error,
     counts)`` when no answer came, or ``("error", name, {})`` when the span could not be
@@ -156,9 +164,12 @@ def _deliver(blob: bytes, slots: int) -> tuple[str, Any, dict[str, int]]:
 
     try:
         # Unpickled here, inside the try: a failure is an answer, not a dead worker.
-        dest, wire, inputs, output, pol, max_span_bytes = pickle.loads(blob)
+        dest, pol = _settings(settings)
+        wire, inputs, output, max_span_bytes = pickle.loads(blob)
         if slots:
-            assert _reader is not None, "ring slots without a ring"
+            assert _reader is not None, "slots without a reader"
+            if ring is not None:
+                _reader.map(*ring)
             left = [slots, LIFT_BUDGET]
             inputs = (inputs[0], _restore(inputs[1], _reader, left))
             output = (output[0], _restore(output[1], _reader, left))
@@ -181,6 +192,18 @@ def _deliver(blob: bytes, slots: int) -> tuple[str, Any, dict[str, int]]:
         return "unsent", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, counts
     answer = (response.status_code, response.headers.get("retry-after"), response.content[:200])
     return "answered", answer, dict(counts)
+
+
+_last_settings: tuple[bytes, Any] | None = None
+
+
+def _settings(raw: bytes) -> tuple[Destination, Any]:
+    """The destination and serialization policy, unpickled once per change."""
+    global _last_settings
+    last = _last_settings
+    if last is None or last[0] != raw:
+        last = _last_settings = (raw, pickle.loads(raw))
+    return last[1]  # type: ignore[no-any-return]
 
 
 def _yield_cpu(pid: int) -> None:
@@ -246,21 +269,40 @@ class Job:
 
 
 class _Lifter:
-    """Copies a payload's large str and bytes leaves into the ring and replaces them by slots.
+    """Replaces a payload's large str and bytes leaves by slots: direct where it can (nothing
+    copied), through the ring otherwise.
 
     Only plain dicts, lists and tuples are rebuilt (shallow copies on the way to a slot), and
     at most ``LIFT_BUDGET`` values are visited: anything else travels in the pickle as before.
-    A value met twice (or through a cycle) is copied once."""
+    A value met twice (or through a cycle) gets one slot. The lifter holds every value it gave
+    a direct slot: keep it until the worker has answered."""
 
-    def __init__(self, ring: _ring.Ring) -> None:
+    def __init__(self, ring: _ring.Ring | None, direct: _ring.Direct | None = None) -> None:
         self.ring = ring
+        self.direct = direct
         self.slots = 0  # slots placed, repeats included: what the worker must find
         self.budget = LIFT_BUDGET
         self._memo: dict[int, _ring.Slot] = {}
+        self._regions: list[int] = []
+        self._held: list[Any] = []
 
     @property
     def regions(self) -> list[int]:
-        return [slot.off for slot in self._memo.values()]
+        """Offsets of the ring regions this lift took."""
+        return self._regions
+
+    def _slot(self, v: Any) -> _ring.Slot | None:
+        if self.direct is not None:
+            slot = self.direct.put(v)
+            if slot is not None:
+                self._held.append(v)
+                return slot
+        if self.ring is not None:
+            slot = self.ring.put(v)
+            if slot is not None:
+                self._regions.append(slot.off)
+                return slot
+        return None
 
     def lift(self, v: Any) -> Any:
         cls = type(v)
@@ -269,7 +311,7 @@ class _Lifter:
                 return v
             slot = self._memo.get(id(v))
             if slot is None:
-                slot = self.ring.put(v)
+                slot = self._slot(v)
                 if slot is None:
                     return v
                 self._memo[id(v)] = slot
@@ -324,12 +366,12 @@ class _Context(multiprocessing.context.SpawnContext):
     Process = _Process
 
 
-def _new_pool(
-    workers: int, ring: _ring.Ring | None = None
-) -> concurrent.futures.ProcessPoolExecutor:
-    initargs = (ring.name, ring.size) if ring is not None else ()
+def _new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
     pool = concurrent.futures.ProcessPoolExecutor(
-        max_workers=workers, mp_context=_Context(), initializer=_initializer, initargs=initargs
+        max_workers=workers,
+        mp_context=_Context(),
+        initializer=_initializer,
+        initargs=(os.getpid(),),
     )
     try:
         # Launches the workers now (on this thread, not the loop's) and proves they run.
@@ -358,6 +400,8 @@ class Offloader:
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._ring: _ring.Ring | None = None
         self._ring_size = ring_size
+        self._direct: _ring.Direct | None = None
+        self._last_settings: tuple[Destination, Any, bytes] | None = None
         # unstarted -> running -> (broken -> running) -> retired | unavailable | shutdown
         self._state = "unstarted"
         self._replaced = False
@@ -432,8 +476,6 @@ class Offloader:
         pool = self._pool if self._state == "running" else None
         if pool is None:
             return self._finish_inline(*job.prepared, job.encoding, self._fallback_reason())
-        # On the loop: 0.4-1 ms for 2.5 MB, nearly all of it the copy into the ring. Handing it
-        # to a thread (the copy releases the GIL) measured no better, within this VM's noise.
         handed = self._hand_off(pool, job, dest)
         if isinstance(handed, bytes):
             return handed
@@ -459,17 +501,20 @@ class Offloader:
     def _hand_off(
         self, pool: concurrent.futures.ProcessPoolExecutor, job: Job, dest: Destination
     ) -> concurrent.futures.Future[tuple[str, Any, dict[str, int]]] | bytes:
-        """Submit ``job``: its large strings into the ring, the rest pickled. The encoded span
-        instead when it cannot go (the reason is counted)."""
-        ring = self._ring
+        """Submit ``job``: its large strings and bytes as slots, the rest pickled. The encoded
+        span instead when it cannot go (the reason is counted)."""
+        ring, direct = self._ring, self._direct
         wire, inputs, output, pol, max_span = job.prepared
-        lifter = _Lifter(ring) if ring is not None else None
+        lifter = _Lifter(ring, direct) if ring is not None or direct is not None else None
         try:
             if lifter is not None:
                 inputs = (inputs[0], lifter.lift(inputs[1]))
                 output = (output[0], lifter.lift(output[1]))
-            blob = pickle.dumps((dest, wire, inputs, output, pol, max_span), protocol=5)
-            future = pool.submit(_deliver, blob, lifter.slots if lifter is not None else 0)
+            blob = pickle.dumps((wire, inputs, output, max_span), protocol=5)
+            slots = lifter.slots if lifter is not None else 0
+            regions = lifter.regions if lifter is not None else []
+            rings = (ring.name, ring.size) if ring is not None and regions else None
+            future = pool.submit(_deliver, blob, self._settings(dest, pol), slots, rings)
         except BrokenProcessPool:
             self._release(ring, lifter)
             self._broken(pool)
@@ -482,10 +527,19 @@ class Offloader:
             self._release(ring, lifter)
             return self._finish_inline(*job.prepared, job.encoding, "unpicklable")
         if lifter is not None and lifter.slots:
-            # Released when the worker is done with the regions (also when the task awaiting
-            # the answer is cancelled), never before.
+            # The regions are released, and the values read directly let go, when the worker is
+            # done with them (also when the task awaiting the answer is cancelled), never
+            # before: the callback holds the lifter, and the lifter holds the values.
             future.add_done_callback(lambda _: self._release(ring, lifter))
         return future
+
+    def _settings(self, dest: Destination, pol: Any) -> bytes:
+        # Pickled once, not per span: on the loop, a pickle of the destination and policy cost
+        # as much as the span's own.
+        last = self._last_settings
+        if last is None or last[0] is not dest or last[1] is not pol:
+            last = self._last_settings = (dest, pol, pickle.dumps((dest, pol), protocol=5))
+        return last[2]
 
     @staticmethod
     def _release(ring: _ring.Ring | None, lifter: _Lifter | None) -> None:
@@ -548,19 +602,23 @@ class Offloader:
         with self._lock:
             if self._state not in ("unstarted", "broken"):
                 return
-            # A replacement pool gets a new ring: the old one may still be read by a dying
-            # worker's last task.
-            ring = _ring.create(self._ring_size) if self._ring_size else None
+            pool = None
             try:
-                pool = _new_pool(self.workers, ring)
+                pool = _new_pool(self.workers)
+                direct = _can_read_directly(pool)
             except Exception as exc:
-                if ring is not None:
-                    ring.close()
+                if pool is not None:
+                    pool.shutdown(wait=False, cancel_futures=True)
                 _serialize.logger.warning(
                     "looptrace: no worker process (%s); serializing inline", exc
                 )
                 self._state = "unavailable"
                 return
+            # The ring carries what direct reads cannot. Where they work, bytearrays are too
+            # rare to be worth 64 MiB of shared memory and faulting it in: they travel in the
+            # pickle. A replacement pool gets a new ring: the old one may still be read by a
+            # dying worker's last task.
+            ring = _ring.create(self._ring_size) if direct is None and self._ring_size else None
             if self._state not in ("unstarted", "broken"):
                 pool.shutdown(wait=False)  # shut down while we were starting
                 if ring is not None:
@@ -568,6 +626,7 @@ class Offloader:
                 return
             self._pool = pool
             self._ring = ring
+            self._direct = direct
             self._state = "running"
 
     def _broken(self, pool: concurrent.futures.ProcessPoolExecutor) -> None:
@@ -576,6 +635,7 @@ class Offloader:
                 return  # another span already dealt with this pool
             self._pool = None
             ring, self._ring = self._ring, None
+            self._direct = None
             if self._state == "running":
                 # Replace a broken pool once; a second break means something kills workers.
                 self._state = "retired" if self._replaced else "broken"
@@ -589,11 +649,29 @@ class Offloader:
         with self._lock:
             pool, self._pool = self._pool, None
             ring, self._ring = self._ring, None
+            self._direct = None
             self._state = "shutdown"
         if pool is not None:
             pool.shutdown(wait=wait, cancel_futures=True)
         if ring is not None:
             ring.close()
+
+
+def _can_read_directly(pool: concurrent.futures.ProcessPoolExecutor) -> _ring.Direct | None:
+    """A :class:`~looptrace._ring.Direct` if a worker can read this process's memory (one
+    test read, off the loop, when the pool starts); None where the kernel refuses it."""
+    try:
+        direct = _ring.Direct()
+        probe = b"looptrace direct read " + os.urandom(16)
+        slot = direct.put(probe)
+        if slot is None:
+            return None
+        back = pool.submit(_read_back, slot).result(timeout=_START_TIMEOUT)
+    except BrokenProcessPool:
+        raise
+    except Exception:
+        return None
+    return direct if back == probe else None
 
 
 def _default_workers() -> int:
