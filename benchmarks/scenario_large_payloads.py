@@ -1,7 +1,8 @@
 """Large payloads, side by side in one run: does tracing them stall the event loop?
 
 Part 1 (the threshold): how long the loop is blocked to serialize + encode one span inline,
-versus to hand it to the worker pool (prepare + pickle), as the payload grows, for
+versus to hand it to the worker pool (prepare + pickle; and the handoff of a span the worker
+sends itself, whose large strings it reads from this process), as the payload grows, for
 string-heavy and structure-heavy payloads.
 
 Part 2 (the scenario): 100 calls of a traced coroutine, each carrying a 2.5 MB base64 string,
@@ -151,7 +152,7 @@ def structure_payload(size: int) -> dict[str, Any]:
 def threshold_table() -> None:
     from looptrace import _otlp, _serialize
     from looptrace._config import Config
-    from looptrace._offload import Offloader
+    from looptrace._offload import Destination, Offloader
     from looptrace._span import Span
 
     cfg = Config()
@@ -179,8 +180,29 @@ def threshold_table() -> None:
             times.append(time.perf_counter() - t0)
         return min(times) * 1e3
 
+    async def send_handoff(span: Span, n: int) -> float:
+        """Loop time to hand a span to a worker that sends it (port 9: refused, so the worker
+        does all its work but the network)."""
+        await off.ready()
+        dest = Destination(
+            "http://127.0.0.1:9/v1/traces", {}, 1.0, "protobuf", "none", _otlp.default_resource(cfg)
+        )
+        pool = off._pool
+        assert pool is not None, "the pool started"
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            handed = off._hand_off(pool, off.job(span, cfg, "protobuf", 0), dest)
+            times.append(time.perf_counter() - t0)
+            if not isinstance(handed, bytes):
+                await asyncio.wrap_future(handed)
+        return min(times) * 1e3
+
     print("\nPart 1: loop time per span, inline vs handing to the pool (best of N, ms)")
-    print(f"{'payload':<11}{'JSON bytes':>12}{'inline':>10}{'pool: loop':>12}{'pool: wall':>12}")
+    print(
+        f"{'payload':<11}{'JSON bytes':>12}{'inline':>10}{'pool: loop':>12}{'pool: wall':>12}"
+        f"{'pool: send':>12}"
+    )
     for kind, make in (("string", string_payload), ("structure", structure_payload)):
         for size in (16_000, 64_000, 256_000, 1_000_000, 2_500_000):
             span = span_with(make(size))
@@ -195,8 +217,11 @@ def threshold_table() -> None:
 
             loop_ms = best(handoff, n)
             wall = asyncio.run(pool_wall(span, n))
+            send = asyncio.run(send_handoff(span, n))
             jbytes = len(_serialize.to_json(span.inputs, cfg))
-            print(f"{kind:<11}{jbytes:>12,}{inline:>10.2f}{loop_ms:>12.2f}{wall:>12.2f}")
+            print(
+                f"{kind:<11}{jbytes:>12,}{inline:>10.2f}{loop_ms:>12.2f}{wall:>12.2f}{send:>12.2f}"
+            )
     off.shutdown(wait=True)
 
 
