@@ -131,7 +131,7 @@ def test_reading_a_bad_address_is_an_error_not_garbage() -> None:
         reader.value(_ring.Slot(0, 100, _ring._STR))  # a ring slot, but no ring mapped
 
 
-@pytest.mark.parametrize("direct", [False, True], ids=["ring", "direct+ring"])
+@pytest.mark.parametrize("direct", [False, True], ids=["ring", "direct"])
 @given(value=payloads)
 def test_lift_then_restore_gives_back_the_value(value: Any, direct: bool) -> None:
     """What the parent lifts, the worker restores: an equal value of the same types, whatever
@@ -140,14 +140,16 @@ def test_lift_then_restore_gives_back_the_value(value: Any, direct: bool) -> Non
     assert ring is not None
     try:
         reader = _ring.Reader(ring.name, ring.size, os.getpid())
-        lifter = _offload._Lifter(ring, _ring.Direct() if direct else None)
+        lifter = _offload._Lifter(_ring.Direct() if direct else ring)
         before = repr(value)
         lifted = lifter.lift(value)
         assert repr(value) == before
         restored = _offload._restore(lifted, reader, [lifter.slots, _offload.LIFT_BUDGET])
         assert restored == value and repr(restored) == repr(value)
         if direct:
-            assert ring.busy == len(lifter.regions) <= repr(value).count("bytearray")
+            assert ring.busy == 0 and lifter.regions == []  # nothing copied
+        else:
+            assert ring.busy == len(lifter.regions)
     finally:
         ring.close()
 

@@ -269,52 +269,40 @@ class Job:
 
 
 class _Lifter:
-    """Replaces a payload's large str and bytes leaves by slots: direct where it can (nothing
-    copied), through the ring otherwise.
+    """Replaces a payload's large str and bytes leaves by slots from ``carrier``: direct reads
+    (nothing copied) or the ring.
 
     Only plain dicts, lists and tuples are rebuilt (shallow copies on the way to a slot), and
     at most ``LIFT_BUDGET`` values are visited: anything else travels in the pickle as before.
     A value met twice (or through a cycle) gets one slot. The lifter holds every value it gave
-    a direct slot: keep it until the worker has answered."""
+    a slot (a direct slot is only an address): keep it until the worker has answered."""
 
-    def __init__(self, ring: _ring.Ring | None, direct: _ring.Direct | None = None) -> None:
-        self.ring = ring
-        self.direct = direct
+    def __init__(self, carrier: _ring.Ring | _ring.Direct) -> None:
+        self.carrier = carrier
         self.slots = 0  # slots placed, repeats included: what the worker must find
         self.budget = LIFT_BUDGET
-        self._memo: dict[int, _ring.Slot] = {}
-        self._regions: list[int] = []
-        self._held: list[Any] = []
+        self._memo: dict[int, tuple[_ring.Slot, Any]] = {}
 
     @property
     def regions(self) -> list[int]:
         """Offsets of the ring regions this lift took."""
-        return self._regions
-
-    def _slot(self, v: Any) -> _ring.Slot | None:
-        if self.direct is not None:
-            slot = self.direct.put(v)
-            if slot is not None:
-                self._held.append(v)
-                return slot
-        if self.ring is not None:
-            slot = self.ring.put(v)
-            if slot is not None:
-                self._regions.append(slot.off)
-                return slot
-        return None
+        if type(self.carrier) is not _ring.Ring:
+            return []
+        return [slot.off for slot, _ in self._memo.values()]
 
     def lift(self, v: Any) -> Any:
         cls = type(v)
         if cls is str or cls is bytes or cls is bytearray:
             if len(v) < _ring.MIN_COPY_BYTES:
                 return v
-            slot = self._memo.get(id(v))
-            if slot is None:
-                slot = self._slot(v)
+            taken = self._memo.get(id(v))
+            if taken is None:
+                slot = self.carrier.put(v)
                 if slot is None:
                     return v
-                self._memo[id(v)] = slot
+                self._memo[id(v)] = (slot, v)
+            else:
+                slot = taken[0]
             self.slots += 1
             return slot
         if cls is dict or cls is list or cls is tuple:
@@ -503,9 +491,10 @@ class Offloader:
     ) -> concurrent.futures.Future[tuple[str, Any, dict[str, int]]] | bytes:
         """Submit ``job``: its large strings and bytes as slots, the rest pickled. The encoded
         span instead when it cannot go (the reason is counted)."""
-        ring, direct = self._ring, self._direct
+        ring = self._ring
+        carrier = self._direct or ring
         wire, inputs, output, pol, max_span = job.prepared
-        lifter = _Lifter(ring, direct) if ring is not None or direct is not None else None
+        lifter = _Lifter(carrier) if carrier is not None else None
         try:
             if lifter is not None:
                 inputs = (inputs[0], lifter.lift(inputs[1]))

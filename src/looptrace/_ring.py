@@ -13,12 +13,14 @@ GIL. That thread stalls the event loop for as long. Two carriers avoid it:
   only where this process may be traced by its own child (same user; not under Yama's
   ``ptrace_scope`` 1 or more, which we do not loosen): the offloader tries one read when the
   pool starts, and uses the ring where it fails.
-- :class:`Ring` is one region of shared memory, faulted in once when the pool starts and
-  reused from then on: one copy into warm memory on the loop, about 0.4 ms for 2.5 MB. It
-  carries what :class:`Direct` cannot: ``bytearray`` (mutable, so it is copied when handed
-  over) and every value where direct reads are refused. Regions are handed out first-in
-  first-out and released when the worker has answered; a payload that finds no room is pickled
-  as before.
+- :class:`Ring`, for where direct reads are refused, is one region of shared memory, faulted
+  in once when the pool starts and reused from then on: one copy into warm memory on the loop,
+  about 0.4 ms for 2.5 MB. It takes ASCII ``str``, ``bytes`` and ``bytearray``. Regions are
+  handed out first-in first-out and released when the worker has answered; a payload that finds
+  no room is pickled as before.
+
+The offloader uses one carrier or the other, never both: where direct reads work, a
+``bytearray`` (which could change before the worker reads it) travels in the pickle.
 
 POSIX only: where ``shm_open`` or ``ctypes`` is missing, :func:`create` returns None and every
 payload is pickled; direct reads are Linux only.
@@ -282,24 +284,6 @@ class Direct:
         return Slot(addr, len(value), kind)
 
 
-class _Iovec:
-    """``struct iovec`` for ``process_vm_readv``, built on first use (ctypes is imported
-    lazily)."""
-
-    cls: Any = None
-
-    @classmethod
-    def get(cls) -> Any:
-        if cls.cls is None:
-            import ctypes
-
-            class iovec(ctypes.Structure):
-                _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-
-            cls.cls = iovec
-        return cls.cls
-
-
 class Reader:
     """The worker's side: turns slots back into values. ``Reader(ring.name, ring.size, pid)``
     maps the ring (when there is one) and reads direct slots from process ``pid``."""
@@ -350,7 +334,8 @@ class Reader:
             libc = ctypes.CDLL(None, use_errno=True)
             self._readv = libc.process_vm_readv
             self._readv.restype = ctypes.c_ssize_t
-        iovec = _Iovec.get()
+        # ``struct iovec`` is {void *, size_t}: two size_t-wide fields on every ABI we run on.
+        iovec = ctypes.c_size_t * 2
         out = bytearray(n)
         base = ctypes.addressof((ctypes.c_char * n).from_buffer(out)) if n else 0
         done = 0
