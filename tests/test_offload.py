@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -109,6 +110,51 @@ async def test_hooks_run_once_in_the_parent(pool: Offloader) -> None:
     body = await pool.encode(span, cfg, "json")
     assert calls == [os.getpid()]
     assert b'{\\"hooked\\":true}' in body
+
+
+async def test_payload_larger_than_the_pipe_arrives_whole(pool: Offloader) -> None:
+    """A span whose pickle is larger than the worker's pipe holds (3 MB of strings below the
+    size that travels by address) is written out over several turns of the loop, and its
+    3 MB answer read back over several: the bytes are those of the inline path."""
+    span = big_span({"parts": [f"{i:04d}" + "y" * 60_000 for i in range(50)]})
+    before = pool.stats["offloaded"]
+    body = await pool.encode(span, CFG, "protobuf")
+    assert pool.stats["offloaded"] == before + 1
+    assert len(body) > 3_000_000 and body == inline(span)
+
+
+async def test_the_pool_adds_no_threads(pool: Offloader) -> None:
+    """Spans go to the worker and come back without any thread in this process: the loop
+    writes the calls and reads the answers itself."""
+    await pool.ready()
+    before = {t.ident for t in threading.enumerate()}
+    for span_id in range(2, 5):
+        await pool.encode(big_span(span_id=span_id), CFG, "protobuf")
+    assert {t.ident for t in threading.enumerate()} == before
+
+
+async def test_a_second_running_loop_serializes_inline(pool: Offloader) -> None:
+    """The pool serves one running loop at a time: a span from a loop in another thread,
+    while this one runs, is serialized there, inline, with the reason counted."""
+    await pool.encode(big_span(), CFG, "protobuf")  # this loop serves the pool now
+    span = big_span(span_id=9)
+    before = pool.stats["other_loop"]
+    body = await asyncio.to_thread(asyncio.run, pool.encode(span, CFG, "protobuf"))
+    assert body == inline(span)
+    assert pool.stats["other_loop"] == before + 1
+
+
+def test_the_pool_follows_the_loop_that_runs(pool: Offloader) -> None:
+    """A loop that ended (closed by asyncio.run) or stopped (run_until_complete returned)
+    hands the pool to the next loop that uses it, and gets it back when it runs again."""
+    kept = asyncio.new_event_loop()
+    try:
+        for run in (kept.run_until_complete, asyncio.run, kept.run_until_complete, asyncio.run):
+            before = pool.stats["offloaded"]
+            assert run(pool.encode(big_span(), CFG, "protobuf")) == inline(big_span())
+            assert pool.stats["offloaded"] == before + 1
+    finally:
+        kept.close()
 
 
 async def test_killed_worker_is_replaced_once_then_inline() -> None:

@@ -118,8 +118,8 @@ async def test_values_read_directly_outlive_a_caller_that_gave_up(
     gc.collect()
     churn = ["Z" * 400_000 for _ in range(20)]  # reuses memory freed too early, if any was
     server.release()
-    assert (await asyncio.wrap_future(first))[0] == "answered"
-    assert (await asyncio.wrap_future(second))[0] == "answered"
+    assert (await first)[0] == "answered"
+    assert (await second)[0] == "answered"
     assert gzip.decompress(server.requests[1].body) == want
     assert len(churn) == 20
 
@@ -189,6 +189,43 @@ async def test_worker_killed_mid_send_gives_the_span_back_to_the_parent(
     finally:
         server.release()
         off.shutdown(wait=True)
+
+
+async def test_shutdown_from_another_thread_gives_the_span_back(server: OtlpTestServer) -> None:
+    """Shutting the offloader down from another thread while a worker holds a span: the
+    waiting task gets the encoded span to send itself (reason ``shutdown``), without hanging,
+    and the worker is gone."""
+    off = Offloader(workers=1)
+    try:
+        await off.ready()
+        pid = off.worker_pids()[0]
+        server.hold()
+        span = big_span()
+        task = asyncio.ensure_future(
+            off.deliver(off.job(span, CFG, "protobuf", 0), destination(server))
+        )
+        assert await asyncio.to_thread(server.wait_for_active, 1)
+        await asyncio.to_thread(off.shutdown, True)
+        outcome = await asyncio.wait_for(task, 30)
+        assert outcome == _otlp.encode_span(_serialize.to_wire(span, CFG), "protobuf")
+        assert off.stats["shutdown"] == 1
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    finally:
+        server.release()
+        off.shutdown(wait=True)
+
+
+async def test_many_medium_strings_reach_the_server_whole(
+    offloader: Offloader, server: OtlpTestServer
+) -> None:
+    """Strings each below the size read by address, 3 MB together, travel in the call's own
+    frame, larger than the pipe: the request is still the parent's, byte for byte."""
+    span = big_span()
+    span.inputs = {"parts": [f"{i:04d}" + "z" * 60_000 for i in range(50)]}
+    outcome = await offloader.deliver(offloader.job(span, CFG, "protobuf", 0), destination(server))
+    assert isinstance(outcome, Response) and outcome.status == 200
+    assert gzip.decompress(server.requests[0].body) == expected_body(span, "protobuf")
 
 
 async def test_value_the_worker_cannot_rebuild_comes_back_encoded(

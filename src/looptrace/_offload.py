@@ -3,8 +3,8 @@
 The parent runs the user's hooks and builds everything but the payload values
 (:func:`looptrace._serialize.prepare`); the worker serializes the values, applies the caps and
 encodes the span (:func:`looptrace._serialize.finish` + ``_otlp.encode_span``): the same code,
-so the bytes are identical to the inline path. Pickling happens in the executor's feeder thread,
-not on the loop.
+so the bytes are identical to the inline path. The handoff (a small pickle: large values
+travel as slots) is written to the worker's pipe by the loop itself (:mod:`looptrace._workers`).
 
 The pool starts lazily, from a worker thread, with the ``spawn`` start method (``fork`` is
 unsafe in threaded programs). Its children never import the user's ``__main__``: a script
@@ -22,27 +22,21 @@ instead (:meth:`Offloader.submit`).
 Fallbacks (all inline, counted in :attr:`Offloader.stats` by reason): a payload that does not
 pickle (``unpicklable``), an error in the worker (``worker_error``), a pool whose worker died
 (``broken_pool``: replaced once; after a second break, ``pool_retired``), no working
-subprocesses at all (``unavailable``), after :meth:`Offloader.shutdown` (``shutdown``).
+subprocesses at all (``unavailable``), after :meth:`Offloader.shutdown` (``shutdown``), a
+span encoded on a second event loop while the pool serves another (``other_loop``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
-import multiprocessing
-import multiprocessing.context
-import multiprocessing.spawn
 import os
 import pickle
-import signal
 import threading
 from collections import Counter
-from collections.abc import Awaitable, Iterator
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from . import _ring, _serialize
+from . import _ring, _serialize, _workers
 from ._transport import Response
 
 if TYPE_CHECKING:
@@ -56,8 +50,6 @@ _START_TIMEOUT = 60.0
 # Values visited (per span) looking for large strings to put in the ring: the planning walk's
 # budget, so a span's handoff stays as cheap as its plan.
 LIFT_BUDGET = 256
-_MAIN_KEYS = ("init_main_from_path", "init_main_from_name")
-_patch_lock = threading.Lock()
 
 
 # --------------------------------------------------------------------------- worker side
@@ -72,12 +64,8 @@ _clients: dict[tuple[Any, ...], Any] = {}
 
 
 def _initializer(parent: int | None = None) -> None:
-    """Runs in each worker before any task: stay quiet on Ctrl-C (the parent handles it), and
-    yield the CPU to the application: on a small machine a busy worker otherwise delays the
-    very event loop it exists to protect. Gets ready to read slots from the parent."""
+    """Runs in each worker before any call: gets ready to read slots from the parent."""
     global _reader
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _yield_cpu(0)
     _reader = _ring.Reader(pid=parent)
 
 
@@ -206,24 +194,13 @@ def _settings(raw: bytes) -> tuple[Destination, Any]:
     return last[1]  # type: ignore[no-any-return]
 
 
-def _yield_cpu(pid: int) -> None:
-    """Make process ``pid`` (0: this one) run only when a core is otherwise idle.
-
-    With nice 10 the worker still held the loop's core for a few milliseconds after the loop
-    woke up (the scheduler lets a running task finish its slice): 120-135 ms of waiting for a
-    CPU in 100 large spans, which was nearly all of the lag that remained. A ``SCHED_IDLE``
-    task is preempted as soon as a normal one wants its core. A process of its own can take
-    this policy safely; a thread of ours could not, since it would hold the GIL while starved.
-    """
-    try:
-        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))  # type: ignore[attr-defined,unused-ignore]
-        return
-    except (AttributeError, OSError):
-        pass
-    try:
-        os.setpriority(os.PRIO_PROCESS, pid, 19)
-    except (AttributeError, OSError):
-        pass
+# What a worker answers to, by name.
+_CALLS: dict[str, Any] = {
+    "ping": _ping,
+    "read_back": _read_back,
+    "work": _work,
+    "deliver": _deliver,
+}
 
 
 # --------------------------------------------------------------------------- parent side
@@ -322,61 +299,16 @@ class _Lifter:
         return v
 
 
-@contextlib.contextmanager
-def _without_main() -> Iterator[None]:
-    # spawn tells the child to re-run the parent's __main__ (by path or module name); for a
-    # script without a __main__ guard that would run the user's program a second time. The
-    # worker needs nothing from __main__, so the child is launched without that instruction.
-    original = multiprocessing.spawn.get_preparation_data
-
-    def preparation_data(name: str) -> dict[str, Any]:
-        data = original(name)
-        for key in _MAIN_KEYS:
-            data.pop(key, None)
-        return data
-
-    with _patch_lock:
-        multiprocessing.spawn.get_preparation_data = preparation_data
-        try:
-            yield
-        finally:
-            multiprocessing.spawn.get_preparation_data = original
-
-
-class _Process(multiprocessing.context.SpawnProcess):
-    @staticmethod
-    def _Popen(process_obj: Any) -> Any:
-        with _without_main():
-            return multiprocessing.context.SpawnProcess._Popen(process_obj)
-
-
-class _Context(multiprocessing.context.SpawnContext):
-    Process = _Process
-
-
-def _new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
-    pool = concurrent.futures.ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=_Context(),
-        initializer=_initializer,
-        initargs=(os.getpid(),),
-    )
-    try:
-        # Launches the workers now (on this thread, not the loop's) and proves they run.
-        started = pool.submit(_ping)
-        # A starting interpreter imports for a good part of a second; lower its priority from
-        # here, at once, so that start-up does not take a core from the application's loop.
-        for pid in list(getattr(pool, "_processes", None) or ()):
-            _yield_cpu(pid)
-        started.result(timeout=_START_TIMEOUT)
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
+def _new_pool(workers: int) -> _workers.Pool:
+    if os.name != "posix":
+        raise OSError("worker processes are talked to over POSIX pipes")
+    pool = _workers.Pool(workers, _initializer, (os.getpid(),), _CALLS)
+    pool.start(_START_TIMEOUT)
     return pool
 
 
 class Offloader:
-    """Encodes spans in a process pool, falling back to inline encoding whenever it must.
+    """Encodes spans in worker processes, falling back to inline encoding whenever it must.
 
     ``encode`` always returns the encoded span; ``stats`` counts spans encoded in the pool
     (``offloaded``) and each fallback by reason.
@@ -385,7 +317,7 @@ class Offloader:
     def __init__(self, workers: int | None = None, ring_size: int = _ring.DEFAULT_SIZE) -> None:
         self.workers = workers or _default_workers()
         self.stats: Counter[str] = Counter()
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._pool: _workers.Pool | None = None
         self._ring: _ring.Ring | None = None
         self._ring_size = ring_size
         self._direct: _ring.Direct | None = None
@@ -402,8 +334,7 @@ class Offloader:
     def worker_pids(self) -> list[int]:
         """Process ids of the current workers (for diagnostics and tests)."""
         pool = self._pool
-        procs = getattr(pool, "_processes", None) or {}
-        return sorted(procs)
+        return pool.pids() if pool is not None else []
 
     async def encode(self, span: Span, cfg: Config, encoding: str) -> bytes:
         """The encoded span chunk (``_otlp.encode_span(to_wire(span, cfg), encoding)``)."""
@@ -427,27 +358,17 @@ class Offloader:
             if self._state in ("unstarted", "broken"):
                 return self.encode(span, cfg, encoding)  # starts the pool first
             return _done(self._inline(span, cfg, encoding, self._fallback_reason()))
-        wire, inputs, output, pol, max_span = _serialize.prepare(span, cfg)
+        prepared = (*_serialize.prepare(span, cfg), encoding)
         try:
-            # Pickled here, not by the executor: a failure is then this span's problem only.
-            blob = pickle.dumps((wire, inputs, output, pol, max_span, encoding), protocol=5)
+            # Pickled here: a failure is then this span's problem only.
+            blob = pickle.dumps(prepared, protocol=5)
         except Exception:
-            return _done(
-                self._finish_inline(wire, inputs, output, pol, max_span, encoding, "unpicklable")
-            )
+            return _done(self._finish_inline(*prepared, "unpicklable"))
         try:
-            future = pool.submit(_work, blob)
-        except RuntimeError:
-            # Submitted after shutdown (a race with Offloader.shutdown or interpreter exit).
-            return _done(
-                self._finish_inline(wire, inputs, output, pol, max_span, encoding, "shutdown")
-            )
-        except BrokenProcessPool:
-            self._broken(pool)
-            return _done(
-                self._finish_inline(wire, inputs, output, pol, max_span, encoding, "broken_pool")
-            )
-        return self._collect(pool, future, (wire, inputs, output, pol, max_span, encoding))
+            future = pool.call("work", (blob,))
+        except Exception as exc:
+            return _done(self._finish_inline(*prepared, self._refused(pool, exc)))
+        return self._collect(pool, future, prepared)
 
     def job(self, span: Span, cfg: Config, encoding: str, nbytes: int) -> Job:
         """Prepare ``span`` for :meth:`deliver`: the user's hooks run here, once."""
@@ -467,14 +388,10 @@ class Offloader:
         handed = self._hand_off(pool, job, dest)
         if isinstance(handed, bytes):
             return handed
-        future = handed
         try:
-            kind, detail, counts = await asyncio.wrap_future(future)
-        except BrokenProcessPool:
-            self._broken(pool)
-            return self._finish_inline(*job.prepared, job.encoding, "broken_pool")
-        except Exception:
-            return self._finish_inline(*job.prepared, job.encoding, "worker_error")
+            kind, detail, counts = await handed
+        except Exception as exc:
+            return self._finish_inline(*job.prepared, job.encoding, self._refused(pool, exc))
         if kind == "error":
             return self._finish_inline(*job.prepared, job.encoding, "worker_error")
         if not job.counted:
@@ -487,10 +404,10 @@ class Offloader:
         return Response(status, {"retry-after": retry_after} if retry_after else {}, body)
 
     def _hand_off(
-        self, pool: concurrent.futures.ProcessPoolExecutor, job: Job, dest: Destination
-    ) -> concurrent.futures.Future[tuple[str, Any, dict[str, int]]] | bytes:
-        """Submit ``job``: its large strings and bytes as slots, the rest pickled. The encoded
-        span instead when it cannot go (the reason is counted)."""
+        self, pool: _workers.Pool, job: Job, dest: Destination
+    ) -> asyncio.Future[tuple[str, Any, dict[str, int]]] | bytes:
+        """Send ``job`` to a worker: its large strings and bytes as slots, the rest pickled.
+        The encoded span instead when it cannot go (the reason is counted)."""
         ring = self._ring
         carrier = self._direct or ring
         wire, inputs, output, pol, max_span = job.prepared
@@ -500,27 +417,33 @@ class Offloader:
                 inputs = (inputs[0], lifter.lift(inputs[1]))
                 output = (output[0], lifter.lift(output[1]))
             blob = pickle.dumps((wire, inputs, output, max_span), protocol=5)
-            slots = lifter.slots if lifter is not None else 0
-            regions = lifter.regions if lifter is not None else []
-            rings = (ring.name, ring.size) if ring is not None and regions else None
-            future = pool.submit(_deliver, blob, self._settings(dest, pol), slots, rings)
-        except BrokenProcessPool:
-            self._release(ring, lifter)
-            self._broken(pool)
-            return self._finish_inline(*job.prepared, job.encoding, "broken_pool")
-        except RuntimeError as exc:
-            self._release(ring, lifter)
-            reason = "shutdown" if "shutdown" in str(exc) else "unpicklable"
-            return self._finish_inline(*job.prepared, job.encoding, reason)
+            settings = self._settings(dest, pol)
         except Exception:
             self._release(ring, lifter)
             return self._finish_inline(*job.prepared, job.encoding, "unpicklable")
-        if lifter is not None and lifter.slots:
-            # The regions are released, and the values read directly let go, when the worker is
-            # done with them (also when the task awaiting the answer is cancelled), never
-            # before: the callback holds the lifter, and the lifter holds the values.
-            future.add_done_callback(lambda _: self._release(ring, lifter))
-        return future
+        slots = lifter.slots if lifter is not None else 0
+        regions = lifter.regions if lifter is not None else []
+        rings = (ring.name, ring.size) if ring is not None and regions else None
+        # The regions are released, and the values read directly let go, when the worker is
+        # done with them (also when the task awaiting the answer is cancelled), never before:
+        # the pool holds the release, and the release holds the lifter, which holds the values.
+        release = (lambda: self._release(ring, lifter)) if slots else None
+        try:
+            return pool.call("deliver", (blob, settings, slots, rings), release)  # type: ignore[no-any-return]
+        except Exception as exc:
+            self._release(ring, lifter)  # not sent: no worker reads it
+            return self._finish_inline(*job.prepared, job.encoding, self._refused(pool, exc))
+
+    def _refused(self, pool: _workers.Pool, exc: Exception) -> str:
+        """The fallback reason for a call the pool could not answer."""
+        if isinstance(exc, _workers.WorkerGone):
+            if exc.reason == "broken":
+                self._broken(pool)
+                return "broken_pool"
+            return "shutdown"
+        if isinstance(exc, _workers.Elsewhere):
+            return "other_loop"
+        return "worker_error"
 
     def _settings(self, dest: Destination, pol: Any) -> bytes:
         # Pickled once, not per span: on the loop, a pickle of the destination and policy cost
@@ -538,17 +461,14 @@ class Offloader:
 
     async def _collect(
         self,
-        pool: concurrent.futures.ProcessPoolExecutor,
-        future: concurrent.futures.Future[tuple[bytes | None, dict[str, int]]],
+        pool: _workers.Pool,
+        future: asyncio.Future[tuple[bytes | None, dict[str, int]]],
         prepared: tuple[Any, Any, Any, Any, int, str],
     ) -> bytes:
         try:
-            body, counts = await asyncio.wrap_future(future)
-        except BrokenProcessPool:
-            self._broken(pool)
-            reason = "broken_pool"
-        except Exception:
-            reason = "worker_error"
+            body, counts = await future
+        except Exception as exc:
+            reason = self._refused(pool, exc)
         else:
             if body is not None:
                 self.stats["offloaded"] += 1
@@ -582,9 +502,15 @@ class Offloader:
     def _fallback_reason(self) -> str:
         return {"retired": "pool_retired", "shutdown": "shutdown"}.get(self._state, "unavailable")
 
-    async def _ensure_pool(self) -> concurrent.futures.ProcessPoolExecutor | None:
+    async def _ensure_pool(self) -> _workers.Pool | None:
         if self._state in ("unstarted", "broken"):
-            await asyncio.to_thread(self._start)
+            try:
+                await asyncio.to_thread(self._start)
+            except RuntimeError:
+                # Interpreter exit: no new threads to start the pool from, and no time to.
+                with self._lock:
+                    if self._state in ("unstarted", "broken"):
+                        self._state = "unavailable"
         return self._pool if self._state == "running" else None
 
     def _start(self) -> None:
@@ -597,7 +523,7 @@ class Offloader:
                 direct = _can_read_directly(pool)
             except Exception as exc:
                 if pool is not None:
-                    pool.shutdown(wait=False, cancel_futures=True)
+                    pool.close(wait=False)
                 _serialize.logger.warning(
                     "looptrace: no worker process (%s); serializing inline", exc
                 )
@@ -606,19 +532,14 @@ class Offloader:
             # The ring carries what direct reads cannot. Where they work, bytearrays are too
             # rare to be worth 64 MiB of shared memory and faulting it in: they travel in the
             # pickle. A replacement pool gets a new ring: the old one may still be read by a
-            # dying worker's last task.
+            # dying worker's last call.
             ring = _ring.create(self._ring_size) if direct is None and self._ring_size else None
-            if self._state not in ("unstarted", "broken"):
-                pool.shutdown(wait=False)  # shut down while we were starting
-                if ring is not None:
-                    ring.close()
-                return
             self._pool = pool
             self._ring = ring
             self._direct = direct
             self._state = "running"
 
-    def _broken(self, pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    def _broken(self, pool: _workers.Pool) -> None:
         with self._lock:
             if self._pool is not pool:
                 return  # another span already dealt with this pool
@@ -629,7 +550,7 @@ class Offloader:
                 # Replace a broken pool once; a second break means something kills workers.
                 self._state = "retired" if self._replaced else "broken"
                 self._replaced = True
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.close(wait=False)
         if ring is not None:
             ring.close()
 
@@ -641,12 +562,12 @@ class Offloader:
             self._direct = None
             self._state = "shutdown"
         if pool is not None:
-            pool.shutdown(wait=wait, cancel_futures=True)
+            pool.close(wait=wait)
         if ring is not None:
             ring.close()
 
 
-def _can_read_directly(pool: concurrent.futures.ProcessPoolExecutor) -> _ring.Direct | None:
+def _can_read_directly(pool: _workers.Pool) -> _ring.Direct | None:
     """A :class:`~looptrace._ring.Direct` if a worker can read this process's memory (one
     test read, off the loop, when the pool starts); None where the kernel refuses it."""
     try:
@@ -655,8 +576,8 @@ def _can_read_directly(pool: concurrent.futures.ProcessPoolExecutor) -> _ring.Di
         slot = direct.put(probe)
         if slot is None:
             return None
-        back = pool.submit(_read_back, slot).result(timeout=_START_TIMEOUT)
-    except BrokenProcessPool:
+        back = pool.call_sync("read_back", (slot,), _START_TIMEOUT)
+    except _workers.WorkerGone:
         raise
     except Exception:
         return None
@@ -669,4 +590,4 @@ def _default_workers() -> int:
 
 def start_method() -> str:
     """The start method the pool uses (always ``spawn``: never ``fork``)."""
-    return _Context()._name
+    return _workers.start_method()

@@ -273,28 +273,25 @@ class Pipeline:
 
         self._span_encoder = SpanEncoder(cfg)
         if cfg.offload:
-            try:
-                from ._offload import Offloader
-            except RuntimeError:
-                # Imported for the first time at interpreter exit: process pools can no longer
-                # register their exit hook. Large spans are then serialized inline.
-                pass
-            else:
-                self._offloader = Offloader()
-                if cfg.endpoint is not None and self._transport_factory == self._default_transport:
-                    # Plain OTLP/HTTP: a worker can send a large span itself, so that its
-                    # bytes never come back to this process (other transports get the
-                    # encoded span back from the worker instead).
-                    from ._offload import Destination
+            # Started at the first large span; at interpreter exit, when no thread can start
+            # it, large spans are serialized inline.
+            from ._offload import Offloader
 
-                    self._destination = Destination(
-                        cfg.endpoint,
-                        dict(cfg.headers),
-                        cfg.export_timeout,
-                        cfg.encoding,
-                        cfg.compression,
-                        self._resource,
-                    )
+            self._offloader = Offloader()
+            if cfg.endpoint is not None and self._transport_factory == self._default_transport:
+                # Plain OTLP/HTTP: a worker can send a large span itself, so that its bytes
+                # never come back to this process (other transports get the encoded span
+                # back from the worker instead).
+                from ._offload import Destination
+
+                self._destination = Destination(
+                    cfg.endpoint,
+                    dict(cfg.headers),
+                    cfg.export_timeout,
+                    cfg.encoding,
+                    cfg.compression,
+                    self._resource,
+                )
         self.buffer._estimate = _serialize.estimate_size
         self._codec_loaded = True
 
