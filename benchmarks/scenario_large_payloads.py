@@ -10,7 +10,10 @@ then 100 carrying a ~165 KB structure-heavy dict, for looptrace with offload, lo
 inline-only, and the OpenTelemetry SDK (BatchSpanProcessor + OTLP/HTTP exporter) recording the
 same attributes. A ticker measures event-loop lag every millisecond; the producer's per-call
 time is measured around each ``await``. The OTLP sink runs in a separate process (decoding
-250 MB of protobuf in this one would steal the GIL and blur the numbers).
+250 MB of protobuf in this one would steal the GIL and blur the numbers). A control row, "bytes
+moved, no tracing", runs the untraced baseline while another process sends the same requests:
+the sink shares this machine's two CPUs, and receiving 250 MB costs the loop something that a
+backend on another machine would not.
 
     .venv/bin/python benchmarks/scenario_large_payloads.py [--calls 100] [--rounds 3]
 """
@@ -25,9 +28,11 @@ import http.server
 import os
 import pickle
 import random
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -89,6 +94,27 @@ def sink_main() -> None:
     print(server.server_address[1], flush=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     sys.stdin.read()  # until the parent closes our stdin
+
+
+def sender_main(port: int, path: str, calls: int) -> None:
+    """Post the request body in ``path`` ``calls`` times, one after another, at most one per
+    10 ms: what a worker does with the 100 large spans, minus everything looptrace does. Runs
+    SCHED_IDLE, as the worker does; starts on a line from stdin."""
+    import http.client
+
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(19)
+    with open(path, "rb") as f:
+        body = f.read()
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    sys.stdin.readline()
+    for _ in range(calls):
+        started = time.perf_counter()
+        conn.request("POST", "/v1/traces", body, {"Content-Type": "application/x-protobuf"})
+        conn.getresponse().read()
+        time.sleep(max(0.0, 0.01 - (time.perf_counter() - started)))
 
 
 class Sink:
@@ -195,7 +221,7 @@ def threshold_table() -> None:
             handed = off._hand_off(pool, off.job(span, cfg, "protobuf", 0), dest)
             times.append(time.perf_counter() - t0)
             if not isinstance(handed, bytes):
-                await asyncio.wrap_future(handed)
+                await handed
         return min(times) * 1e3
 
     print("\nPart 1: loop time per span, inline vs handing to the pool (best of N, ms)")
@@ -290,6 +316,45 @@ def baseline_run(payload: Any, calls: int) -> tuple[list[float], list[float]]:
     return asyncio.run(drive(handle, payload, calls, finish))
 
 
+def transfer_run(port: int, payload: Any, calls: int, tmp: str) -> tuple[list[float], list[float]]:
+    """No tracing in this process, while another process (not looptrace) sends the same 100
+    requests to the sink: what moving 250 MB to a receiver on the same two CPUs costs this
+    process's loop. The offload row pays it too; a backend on another machine would not."""
+    from looptrace import _otlp, _serialize
+    from looptrace._config import Config
+    from looptrace._span import Span
+
+    cfg = Config()
+    span = Span("handle", 1, 2, 0, 1)
+    span.end_ns = 2
+    span.inputs = {"request": payload}
+    chunk = _otlp.encode_span(_serialize.to_wire(span, cfg), "protobuf")
+    path = os.path.join(tmp, "request.bin")
+    with open(path, "wb") as f:
+        f.write(_otlp.encode_request([chunk], _otlp.default_resource(cfg), "protobuf"))
+    sender = subprocess.Popen(
+        [sys.executable, __file__, "--send", str(port), path, str(calls)],
+        stdin=subprocess.PIPE,
+        text=True,
+    )
+    assert sender.stdin is not None
+    time.sleep(0.5)  # its imports, before the clock starts
+    sender.stdin.write("go\n")
+    sender.stdin.flush()
+
+    async def handle(request: Any) -> str:
+        return "ok"
+
+    async def finish() -> None:
+        await asyncio.to_thread(sender.wait)
+
+    try:
+        return asyncio.run(drive(handle, payload, calls, finish))
+    finally:
+        sender.kill()
+        sender.wait()
+
+
 def otel_run(url: str, payload: Any, calls: int) -> tuple[list[float], list[float]]:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace import TracerProvider
@@ -340,7 +405,13 @@ class Row:
     """One run's figures."""
 
     def __init__(
-        self, lags: list[float], per_call: list[float], delivered: int, steal: float, waited: float
+        self,
+        lags: list[float],
+        per_call: list[float],
+        delivered: int,
+        steal: float,
+        waited: float,
+        cpu: float,
     ) -> None:
         stalls = [lag for lag in lags if lag > TICK]
         per_call_us = sorted(x * 1e6 for x in per_call)
@@ -351,17 +422,19 @@ class Row:
         self.delivered = delivered
         self.steal = steal
         self.waited = waited
+        self.cpu = cpu
 
     def line(self, name: str, calls: int) -> str:
         return (
             f"{name:<26}{self.max_ms:>9.1f}{self.total_ms:>11.1f}{self.p50_ms:>9.2f}"
             f"{self.p95_us:>11.1f}{self.delivered:>6}/{calls}{self.steal:>9.0f}{self.waited:>9.1f}"
+            f"{self.cpu:>9.0f}"
         )
 
 
 HEADER = (
     f"{'':<26}{'max ms':>9}{'total ms':>11}{'p50 ms':>9}{'p95 us':>11}{'delivered':>10}"
-    f"{'steal':>9}{'waited':>9}"
+    f"{'steal':>9}{'waited':>9}{'cpu ms':>9}"
 )
 
 
@@ -369,8 +442,11 @@ def scenario(calls: int, rounds: int) -> None:
     """Each row ``rounds`` times, interleaved, so that a burst of noise on a shared machine hits
     one round of every row rather than every round of one. ``steal`` is the CPU time (ms, both
     CPUs) the hypervisor gave to other guests during the row; ``waited`` the time the loop's
-    thread spent runnable but waiting for a CPU. A round with much steal says little."""
+    thread spent runnable but waiting for a CPU; ``cpu ms`` the CPU time of this process, all
+    its threads (the application's and the tracer's; not the worker's or the sink's). A round
+    with much steal says little."""
     sink = Sink()
+    tmp = tempfile.mkdtemp(prefix="looptrace-bench-")
     try:
         print(f"\nPart 2: {calls} traced calls per row, 1 ms ticker on the loop, {rounds} rounds")
         for label, payload in (
@@ -383,17 +459,19 @@ def scenario(calls: int, rounds: int) -> None:
             for r in range(rounds):
                 for name, run in (
                     ("no tracing (baseline)", lambda p: baseline_run(p, calls)),
+                    ("bytes moved, no tracing", lambda p: transfer_run(sink.port, p, calls, tmp)),
                     ("looptrace (offload)", lambda p: looptrace_run(sink.url, p, calls, True)),
                     ("looptrace (inline only)", lambda p: looptrace_run(sink.url, p, calls, False)),
                     ("OpenTelemetry SDK", lambda p: otel_run(sink.url, p, calls)),
                 ):
                     before = sink.count()
-                    steal, waited = _steal_ms(), _waited_ms()
+                    steal, waited, cpu = _steal_ms(), _waited_ms(), time.process_time()
                     lags, per_call = run(payload)
                     steal, waited = _steal_ms() - steal, _waited_ms() - waited
+                    cpu = (time.process_time() - cpu) * 1e3
                     expected = 0 if name.startswith("no tracing") else calls
                     delivered = sink.wait_for(before + expected, timeout=60) - before
-                    row = Row(lags, per_call, delivered, steal, waited)
+                    row = Row(lags, per_call, delivered, steal, waited, cpu)
                     rows.setdefault(name, []).append(row)
                     print(row.line(f"{name} #{r + 1}", calls), flush=True)
             if rounds > 1:
@@ -411,17 +489,23 @@ def scenario(calls: int, rounds: int) -> None:
                     )
     finally:
         sink.close()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sink", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--send", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--skip-threshold", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     if args.sink:
         sink_main()
+        return
+    if args.send:
+        port, path, calls = args.send
+        sender_main(int(port), path, int(calls))
         return
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     if not args.skip_threshold:
