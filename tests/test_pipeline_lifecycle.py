@@ -291,3 +291,37 @@ def test_exit_drains_everything_with_no_loop_warnings(
     assert server.accepted_record_count == 150
     for bad in ("Task was destroyed", "Traceback", "different loop", "never awaited"):
         assert bad not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("size", [10, 2_000_000])
+def test_asyncio_run_ends_right_after_a_span(
+    server: OtlpTestServer, tmp_path: Path, size: int
+) -> None:
+    """A span that ends just before ``asyncio.run`` returns (after an earlier flush, so the
+    flusher sleeps on its event) wakes the flusher in the same turn in which asyncio.run
+    cancels it. The cancellation must win: the program finishes, and the span goes out at
+    exit. Small spans, and large ones that a worker sends."""
+    proc = _run_script(
+        f"""
+        import asyncio, looptrace
+
+        @looptrace.traced
+        async def handle(request):
+            return "ok"
+
+        async def main():
+            await handle("a" * {size})
+            await looptrace.flush()
+            await handle("b" * {size})
+
+        asyncio.run(main())
+        print("asyncio.run returned", flush=True)
+        """,
+        tmp_path,
+        LOOPTRACE_ENDPOINT=server.endpoint,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "asyncio.run returned" in proc.stdout
+    assert server.accepted_span_count == 2
+    for bad in ("Task was destroyed", "Traceback", "never awaited"):
+        assert bad not in proc.stderr, proc.stderr

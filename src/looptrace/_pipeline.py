@@ -846,9 +846,7 @@ class Pipeline:
                 self._thread_home().kick(urgent=True)
             assert waiter.future is not None
             try:
-                await asyncio.wait_for(waiter.future, timeout)
-            except asyncio.TimeoutError:
-                pass
+                await _until(waiter.future, timeout)
             finally:
                 self._remove_waiter(waiter)
         return self._result(before, target)
@@ -950,9 +948,7 @@ class Pipeline:
             assert waiter.future is not None
             try:
                 # The timeout only guards against a lost wake-up; the waiter normally fires.
-                await asyncio.wait_for(waiter.future, self.cfg.flush_interval)
-            except asyncio.TimeoutError:
-                pass
+                await _until(waiter.future, self.cfg.flush_interval)
             finally:
                 self._remove_waiter(waiter)
 
@@ -1121,10 +1117,21 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
 async def _wait(event: asyncio.Event, timeout: float) -> None:
     if event.is_set():
         return
+    waiter = asyncio.ensure_future(event.wait())
     try:
-        await asyncio.wait_for(event.wait(), max(0.0, timeout))
-    except asyncio.TimeoutError:
-        pass
+        await _until(waiter, max(0.0, timeout))
+    finally:
+        waiter.cancel()
+
+
+async def _until(future: asyncio.Future[Any], timeout: float | None) -> None:
+    """Wait for ``future`` for at most ``timeout`` seconds; on timeout leave it pending.
+
+    Not ``asyncio.wait_for``: before Python 3.12 it swallows a cancellation that arrives as
+    the awaited thing completes. A span that ended just before ``asyncio.run`` returned set the
+    flusher's event in the same turn in which ``asyncio.run`` cancelled the flusher; the flusher
+    went back to waiting on its event, forever, and ``asyncio.run`` never returned."""
+    await asyncio.wait((future,), timeout=timeout)
 
 
 def _running_asyncio_loop() -> asyncio.AbstractEventLoop | None:
