@@ -36,6 +36,7 @@ import signal
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -255,6 +256,9 @@ class Pool:
         self._lock = threading.Lock()
         self._next = 0
         self.gone: str | None = None  # why the pool stopped: "broken" or "shutdown"
+        # A pool dropped without close() (nothing of a loop's refers to it any more, or its
+        # callbacks would keep it alive): its workers would wait on their pipes until exit.
+        weakref.finalize(self, _close_channels, self._channels, True).atexit = False
 
     def pids(self) -> list[int]:
         return sorted(ch.process.pid for ch in self._channels)
@@ -510,15 +514,24 @@ class Pool:
     def _close_pipes(self, owner: asyncio.AbstractEventLoop | None) -> None:
         if owner is not None and not owner.is_closed():
             self._unregister(owner)
-        for ch in self._channels:
-            for fd in (ch.tasks, ch.answers):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        _close_channels(self._channels)
 
     def close(self, wait: bool = True) -> None:
         """Stop the workers; calls in flight fail with ``WorkerGone("shutdown")``. With
         ``wait``, return once the processes have exited."""
         self._break("shutdown", wait)
+
+
+def _close_channels(channels: list[_Channel], kill: bool = False) -> None:
+    for ch in channels:
+        for fd in (ch.tasks, ch.answers):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        ch.tasks = ch.answers = -1  # closed once: the numbers may belong to new files now
+        if kill:
+            with contextlib.suppress(Exception):
+                ch.process.kill()
 
 
 def _settle(entry: tuple[asyncio.Future[Any], Release | None], ok: bool, result: Any) -> None:
