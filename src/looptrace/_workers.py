@@ -309,13 +309,11 @@ class Pool:
         deadline = time.monotonic() + timeout
         data = memoryview(_HEADER.pack(len(payload), rid) + payload)
         while data:
-            _, ready, _ = select.select([], [ch.tasks], [], max(deadline - time.monotonic(), 0))
-            if not ready:
+            if not _ready(ch.tasks, select.POLLOUT, deadline):
                 raise TimeoutError(f"worker did not take {name!r} in {timeout} s")
             data = data[os.write(ch.tasks, data) :]
         while True:
-            ready, _, _ = select.select([ch.answers], [], [], max(deadline - time.monotonic(), 0))
-            if not ready:
+            if not _ready(ch.answers, select.POLLIN, deadline):
                 raise TimeoutError(f"worker did not answer {name!r} in {timeout} s")
             frames = self._take(ch, _STEP)
             if frames is None:
@@ -520,6 +518,13 @@ class Pool:
         """Stop the workers; calls in flight fail with ``WorkerGone("shutdown")``. With
         ``wait``, return once the processes have exited."""
         self._break("shutdown", wait)
+
+
+def _ready(fd: int, event: int, deadline: float) -> bool:
+    # poll, not select: select refuses descriptors above 1023, which a busy server has.
+    poller = select.poll()
+    poller.register(fd, event)
+    return bool(poller.poll(max(deadline - time.monotonic(), 0.0) * 1000))
 
 
 def _close_channels(channels: list[_Channel], kill: bool = False) -> None:
