@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -287,3 +288,48 @@ def test_unguarded_script_offloads_plain_values(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("top-level") == 1
     assert "{'offloaded': 1}" in done.stdout
+
+
+def _exited(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # a zombie has exited
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads process states from /proc")
+def test_workers_exit_when_the_application_is_killed(tmp_path: Path) -> None:
+    """An application killed outright (SIGKILL, the OOM killer) leaves no worker behind: each
+    worker sees its call pipe close and exits."""
+    script = tmp_path / "app.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import asyncio, sys
+            from looptrace._config import Config
+            from looptrace._offload import Offloader
+            from looptrace._span import Span
+
+            span = Span("s", 1, 2, 0, 1)
+            span.end_ns = 2
+            span.inputs = {"big": "x" * 300_000}
+            off = Offloader(workers=2)
+            asyncio.run(off.encode(span, Config(), "protobuf"))
+            print(*off.worker_pids(), flush=True)
+            sys.stdin.read()
+            """
+        )
+    )
+    app = subprocess.Popen(
+        [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert app.stdout is not None
+    pids = [int(pid) for pid in app.stdout.readline().split()]
+    assert len(pids) == 2
+    app.kill()
+    app.wait()
+    deadline = time.monotonic() + 30
+    while not all(_exited(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_exited(pid) for pid in pids)
