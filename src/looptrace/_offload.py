@@ -79,16 +79,15 @@ def _ping() -> int:
     return os.getpid()
 
 
-def _work(blob: bytes) -> tuple[bytes | None, dict[str, int]]:
-    """The worker's entry point: unpickle one prepared span, finish serializing, encode it.
-
-    The payload arrives pickled by the parent and is unpickled here, inside a try: a value the
-    worker cannot rebuild (a class defined in the user's ``__main__``) is then an ordinary
-    error answer instead of a dead worker and a broken pool."""
+def _work(
+    wire: Any, inputs: Any, output: Any, pol: Any, max_span_bytes: int, encoding: str
+) -> tuple[bytes | None, dict[str, int]]:
+    """The worker's entry point: finish serializing one prepared span, and encode it. (A
+    value the worker cannot rebuild, such as a class from the user's ``__main__``, fails in
+    the pool's unpickling, which answers with the error.)"""
     from . import _otlp
 
     try:
-        wire, inputs, output, pol, max_span_bytes, encoding = pickle.loads(blob)
         with _serialize.counted() as counts:
             wire = _serialize.finish(wire, inputs, output, pol, max_span_bytes)
         body = _otlp.encode_span(wire, encoding)
@@ -140,7 +139,13 @@ def _client(dest: Destination) -> Any:
 
 
 def _deliver(
-    blob: bytes, settings: bytes, slots: int, ring: tuple[str, int] | None = None
+    wire: Any,
+    inputs: Any,
+    output: Any,
+    max_span_bytes: int,
+    settings: bytes,
+    slots: int,
+    ring: tuple[str, int] | None = None,
 ) -> tuple[str, Any, dict[str, int]]:
     """The worker's other entry point: finish one large span, and send it as a request of its
     own. Answers ``("answered", (status, retry_after, detail), counts)``, ``("unsent", error,
@@ -153,7 +158,6 @@ def _deliver(
     try:
         # Unpickled here, inside the try: a failure is an answer, not a dead worker.
         dest, pol = _settings(settings)
-        wire, inputs, output, max_span_bytes = pickle.loads(blob)
         if slots:
             assert _reader is not None, "slots without a reader"
             if ring is not None:
@@ -360,14 +364,9 @@ class Offloader:
             return _done(self._inline(span, cfg, encoding, self._fallback_reason()))
         prepared = (*_serialize.prepare(span, cfg), encoding)
         try:
-            # Pickled here: a failure is then this span's problem only.
-            blob = pickle.dumps(prepared, protocol=5)
-        except Exception:
-            return _done(self._finish_inline(*prepared, "unpicklable"))
-        try:
-            future = pool.call("work", (blob,))
+            future = pool.call("work", prepared)
         except Exception as exc:
-            return _done(self._finish_inline(*prepared, self._refused(pool, exc)))
+            return _done(self._finish_inline(*prepared, self._unsent(pool, exc)))
         return self._collect(pool, future, prepared)
 
     def job(self, span: Span, cfg: Config, encoding: str, nbytes: int) -> Job:
@@ -416,23 +415,26 @@ class Offloader:
             if lifter is not None:
                 inputs = (inputs[0], lifter.lift(inputs[1]))
                 output = (output[0], lifter.lift(output[1]))
-            blob = pickle.dumps((wire, inputs, output, max_span), protocol=5)
-            settings = self._settings(dest, pol)
-        except Exception:
-            self._release(ring, lifter)
-            return self._finish_inline(*job.prepared, job.encoding, "unpicklable")
-        slots = lifter.slots if lifter is not None else 0
-        regions = lifter.regions if lifter is not None else []
-        rings = (ring.name, ring.size) if ring is not None and regions else None
-        # The regions are released, and the values read directly let go, when the worker is
-        # done with them (also when the task awaiting the answer is cancelled), never before:
-        # the pool holds the release, and the release holds the lifter, which holds the values.
-        release = (lambda: self._release(ring, lifter)) if slots else None
-        try:
-            return pool.call("deliver", (blob, settings, slots, rings), release)  # type: ignore[no-any-return]
+            slots = lifter.slots if lifter is not None else 0
+            regions = lifter.regions if lifter is not None else []
+            rings = (ring.name, ring.size) if ring is not None and regions else None
+            args = (wire, inputs, output, max_span, self._settings(dest, pol), slots, rings)
+            # The regions are released, and the values read directly let go, when the worker
+            # is done with them (also when the task awaiting the answer is cancelled), never
+            # before: the pool holds the release, the release holds the lifter, which holds
+            # the values.
+            release = (lambda: self._release(ring, lifter)) if slots else None
+            return pool.call("deliver", args, release)  # type: ignore[no-any-return]
         except Exception as exc:
             self._release(ring, lifter)  # not sent: no worker reads it
-            return self._finish_inline(*job.prepared, job.encoding, self._refused(pool, exc))
+            return self._finish_inline(*job.prepared, job.encoding, self._unsent(pool, exc))
+
+    def _unsent(self, pool: _workers.Pool, exc: Exception) -> str:
+        """The fallback reason for a call that could not be sent: the pool's, or else the
+        arguments did not pickle (``Pool.call`` pickles them, once, before anything else)."""
+        if isinstance(exc, (_workers.WorkerGone, _workers.Elsewhere)):
+            return self._refused(pool, exc)
+        return "unpicklable"
 
     def _refused(self, pool: _workers.Pool, exc: Exception) -> str:
         """The fallback reason for a call the pool could not answer."""

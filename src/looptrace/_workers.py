@@ -330,7 +330,9 @@ class Pool:
 
         ``release`` runs once the worker can no longer be using anything of the call's
         (after its answer, or after its process is gone), even if the future was cancelled.
-        Raises :class:`WorkerGone` or :class:`Elsewhere` when the call cannot be sent."""
+        Raises :class:`WorkerGone` or :class:`Elsewhere` when the call cannot be sent, and the
+        pickling error when ``args`` do not pickle (before anything is sent). ``args`` are
+        pickled once, here: the caller need not pickle them first."""
         loop = asyncio.get_running_loop()
         payload = pickle.dumps((name, args), protocol=5)
         with self._lock:
