@@ -92,14 +92,16 @@ async def test_connection_resets_are_retried(server: OtlpTestServer) -> None:
 
 
 async def test_413_splits_the_batch_in_halves(server: OtlpTestServer) -> None:
-    """A 413 splits the batch into two halves, each sent on its own; order is kept."""
+    """A 413 splits the batch into two halves, each sent on its own; order is kept within
+    each half (the halves go out at once, so which one arrives first is up to the network)."""
     use(server)
     server.fail_next(413)
     make_spans(8)
     assert (await looptrace.flush(10)).ok
     assert server.statuses() == [413, 200, 200]
     assert [len(r.spans) for r in server.requests] == [8, 4, 4]
-    assert [s.name for r in server.requests[1:] for s in r.spans] == [f"s{i}" for i in range(8)]
+    halves = sorted([s.name for s in r.spans] for r in server.requests[1:])
+    assert halves == [[f"s{i}" for i in range(4)], [f"s{i}" for i in range(4, 8)]]
     assert looptrace.statistics().dropped_total == 0
 
 
