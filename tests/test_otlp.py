@@ -868,6 +868,43 @@ def test_big_incompressible_body_is_sent_as_is() -> None:
     assert gzip.decompress(packed) == text
 
 
+def _bodies() -> dict[str, bytes]:
+    import base64
+    import random
+
+    rng = random.Random(11)
+    words = ["the", "model", "said", "token", "prompt", "image", "of", "a", "cat", "and", "is"]
+    rows = [
+        {"id": i, "name": f"item-{i}", "score": rng.random(), "ok": True} for i in range(30_000)
+    ]
+    image = base64.b64encode(rng.randbytes(900_000)).decode()
+    return {
+        "base64": base64.b64encode(rng.randbytes(1_500_000)),
+        "random bytes": rng.randbytes(1_500_000),
+        "json rows": orjson.dumps(rows),
+        "prose": " ".join(rng.choice(words) for _ in range(300_000)).encode(),
+        "rows around an image": orjson.dumps(
+            {"a": rows[:20_000], "img": image, "b": rows[10_000:]}
+        ),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_bodies()))
+def test_compression_probe_decides_as_the_whole_body_would(kind: str) -> None:
+    """The probe compresses a small sample of a large body; its verdict is the one compressing
+    all of it would give: gzip only where the whole body shrinks by 40% or more."""
+    body = _bodies()[kind]
+    assert len(body) >= _otlp.PROBE_FROM_BYTES
+    whole = len(zlib.compress(body, _otlp.GZIP_LEVEL)) / len(body)
+    assert abs(whole - _otlp._WORTH_IT) > 0.05, "a body this close to the line proves nothing"
+    packed, enc = compress(body, "gzip")
+    if whole < _otlp._WORTH_IT:
+        assert enc == "gzip"
+        assert gzip.decompress(packed) == body
+    else:
+        assert (packed, enc) == (body, None)
+
+
 def test_gzip_output_is_standard_gzip() -> None:
     """Our gzip is plain RFC 1952 that the stdlib (and any server) can read."""
     packed, _ = compress(b"hello " * 1000, "gzip")

@@ -367,10 +367,13 @@ def span_attributes(attributes: Attributes, parts: list[bytes]) -> None:
     keys = _KEY_CACHE
     for k, v in attributes:
         if type(v) is str:
-            piece = cache.get((k, v))
-            if piece is not None:
-                append(piece)
-                continue
+            # Only short values are cached, and looking a long one up would hash all of it: a
+            # new 2.5 MB payload string costs 0.7 ms to hash, for a lookup that cannot hit.
+            if len(v) < 126:
+                piece = cache.get((k, v))
+                if piece is not None:
+                    append(piece)
+                    continue
             try:
                 vb = v.encode()
             except UnicodeEncodeError:
@@ -632,8 +635,13 @@ def _zstd() -> Any:
 # A body at least this big is first sampled: if the samples barely compress (base64 images,
 # audio, already-compressed data), the body goes out as it is.
 PROBE_FROM_BYTES = 1024 * 1024
-_PROBE_SLICES = 4
-_PROBE_SLICE_BYTES = 16 * 1024
+# 16 KiB in all, from eight places. On bodies of one kind (base64, random bytes, JSON, prose)
+# the sample's ratio is within 0.02 of the whole body's; eight places rather than four follow a
+# body that mixes kinds more closely (tests/test_otlp.py). It costs a sixth of the CPU of the
+# 64 KiB sample it replaces: 0.4 ms against 2.1 ms on base64, which deflate finds hardest, paid
+# by the worker that sends a large span.
+_PROBE_SLICES = 8
+_PROBE_SLICE_BYTES = 2 * 1024
 # Compressed samples above this fraction of their size: not worth it. Text and JSON come out
 # at 0.1-0.3 at level 1; base64 of random bytes at 0.75.
 _WORTH_IT = 0.6
