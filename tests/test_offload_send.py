@@ -165,6 +165,46 @@ def test_destination_repr_hides_headers(server: OtlpTestServer) -> None:
     assert "sk-secret" not in repr(dest) and "redacted" in repr(dest)
 
 
+@pytest.mark.parametrize(
+    ("url", "loopback"),
+    [
+        ("http://127.0.0.1:4318/v1/traces", True),
+        ("http://127.9.9.9:4318/v1/traces", True),
+        ("http://localhost:4318/v1/traces", True),
+        ("http://[::1]:4318/v1/traces", True),
+        ("https://otlp.example.com/v1/traces", False),
+        ("http://10.0.0.5:4318/v1/traces", False),
+        ("http://[2001:db8::1]:4318/v1/traces", False),
+    ],
+)
+def test_only_a_loopback_backend_gets_the_small_send_buffer(url: str, loopback: bool) -> None:
+    """A backend on this machine shares its CPUs, so the worker sends to it in bounded steps; a
+    remote one keeps the kernel's buffer sizing, which a long round trip needs for speed."""
+    assert _offload._is_loopback(url) is loopback
+
+
+def test_worker_http_client_leaves_trio_importable(tmp_path: Any) -> None:
+    """A worker's HTTP client is built without importing trio (most of httpx's import time),
+    and trio stays importable afterwards for a user's value that needs it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from looptrace import _offload\n"
+        "_offload._client(_offload.Destination("
+        "'http://127.0.0.1:9/v1/traces', {}, 1.0, 'protobuf', 'none', None))\n"
+        "assert 'httpcore' in sys.modules and 'trio' not in sys.modules, sorted(sys.modules)\n"
+        "import trio\n"
+        "print(trio.__name__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "trio"
+
+
 async def test_worker_killed_mid_send_gives_the_span_back_to_the_parent(
     server: OtlpTestServer,
 ) -> None:

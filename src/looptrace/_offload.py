@@ -29,9 +29,14 @@ span encoded on a second event loop while the pool serves another (``other_loop`
 from __future__ import annotations
 
 import asyncio
+import importlib
+import ipaddress
 import os
 import pickle
+import socket
+import sys
 import threading
+import urllib.parse
 from collections import Counter
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
@@ -124,18 +129,56 @@ def _restore(v: Any, reader: _ring.Reader, left: list[int]) -> Any:
     return v
 
 
+# On loopback the kernel runs the receiver's side of TCP inside the sender's system calls, and
+# with the default buffers one ``send`` of a 2.5 MB body did all of it without a pause, on a
+# kernel that may not preempt a system call. A quarter-megabyte buffer makes the worker wait
+# for the receiver every few hundred kilobytes: the application's loop waited for a CPU about
+# a third as long (docs/performance.md). A remote backend keeps the kernel's own sizing, which
+# a long round trip needs.
+LOOPBACK_SNDBUF = 256 * 1024
+
+
 def _client(dest: Destination) -> Any:
     key = (dest.url, tuple(sorted(dest.headers.items())), dest.timeout)
     client = _clients.get(key)
     if client is None:
-        import httpx
-
+        httpx = _httpx()
         from ._transport import _ssl_context
 
+        options = []
+        if _is_loopback(dest.url):
+            options.append((socket.SOL_SOCKET, socket.SO_SNDBUF, LOOPBACK_SNDBUF))
+        transport = httpx.HTTPTransport(verify=_ssl_context(), socket_options=options)
         client = _clients[key] = httpx.Client(
-            headers=dest.headers, timeout=dest.timeout, verify=_ssl_context(), trust_env=False
+            headers=dest.headers, timeout=dest.timeout, transport=transport, trust_env=False
         )
     return client
+
+
+def _httpx() -> Any:
+    """httpx, for a worker. httpcore (which httpx imports with its first transport) imports
+    trio when it is installed, for async backends the worker's synchronous client never uses:
+    two thirds of the time httpx takes to import. trio is kept out only while httpcore is
+    imported, so a user's value that needs trio can still be rebuilt here."""
+    if "httpcore" not in sys.modules and "trio" not in sys.modules:
+        sys.modules["trio"] = None  # type: ignore[assignment]
+        try:
+            importlib.import_module("httpcore")
+        finally:
+            del sys.modules["trio"]
+    import httpx
+
+    return httpx
+
+
+def _is_loopback(url: str) -> bool:
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _deliver(
@@ -151,8 +194,7 @@ def _deliver(
     own. Answers ``("answered", (status, retry_after, detail), counts)``, ``("unsent", error,
     counts)`` when no answer came, or ``("error", name, {})`` when the span could not be
     encoded here (the parent then encodes it itself)."""
-    import httpx
-
+    httpx = _httpx()
     from . import _otlp
 
     try:
