@@ -254,13 +254,46 @@ def threshold_table() -> None:
 # --------------------------------------------------------------------------- part 2
 
 
+# What each late tick was made of, for the row being measured: (lag, the loop's thread ran,
+# it waited for a CPU), seconds, as the kernel's scheduler counts them. The rest is "other".
+STALLS: list[tuple[float, float, float]] = []
+
+
+class _SchedStat:
+    """This thread's time on a CPU and time runnable but waiting, from the kernel (Linux)."""
+
+    def __init__(self) -> None:
+        try:
+            self.fd = os.open(f"/proc/self/task/{threading.get_native_id()}/schedstat", os.O_RDONLY)
+        except OSError:
+            self.fd = -1
+
+    def read(self) -> tuple[float, float]:
+        if self.fd < 0:
+            return 0.0, 0.0
+        fields = os.pread(self.fd, 64, 0).split()
+        return int(fields[0]) / 1e9, int(fields[1]) / 1e9
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+
+
 async def ticker(stop: asyncio.Event, lags: list[float]) -> None:
+    stat = _SchedStat()
     last = time.perf_counter()
+    ran0, waited0 = stat.read()
     while not stop.is_set():
         await asyncio.sleep(TICK)
         now = time.perf_counter()
-        lags.append(max(now - last - TICK, 0.0))
+        ran1, waited1 = stat.read()
+        lag = max(now - last - TICK, 0.0)
+        lags.append(lag)
+        if lag > TICK:
+            STALLS.append((lag, min(ran1 - ran0, lag), min(waited1 - waited0, lag)))
         last = now
+        ran0, waited0 = ran1, waited1
+    stat.close()
 
 
 async def drive(
@@ -417,6 +450,9 @@ class Row:
         per_call_us = sorted(x * 1e6 for x in per_call)
         self.max_ms = max(lags) * 1e3
         self.total_ms = sum(stalls) * 1e3
+        self.ran_ms = sum(ran for _, ran, _ in STALLS) * 1e3
+        self.stall_wait_ms = sum(min(w, lag - ran) for lag, ran, w in STALLS) * 1e3
+        self.other_ms = self.total_ms - self.ran_ms - self.stall_wait_ms
         self.p50_ms = statistics.median(lags) * 1e3
         self.p95_us = per_call_us[int(len(per_call_us) * 0.95) - 1]
         self.delivered = delivered
@@ -425,24 +461,31 @@ class Row:
         self.cpu = cpu
 
     def line(self, name: str, calls: int) -> str:
+        parts = f"{self.ran_ms:.0f}/{self.stall_wait_ms:.0f}/{self.other_ms:.0f}"
         return (
-            f"{name:<26}{self.max_ms:>9.1f}{self.total_ms:>11.1f}{self.p50_ms:>9.2f}"
+            f"{name:<26}{self.max_ms:>9.1f}{self.total_ms:>11.1f}{parts:>16}{self.p50_ms:>9.2f}"
             f"{self.p95_us:>11.1f}{self.delivered:>6}/{calls}{self.steal:>9.0f}{self.waited:>9.1f}"
             f"{self.cpu:>9.0f}"
         )
 
 
 HEADER = (
-    f"{'':<26}{'max ms':>9}{'total ms':>11}{'p50 ms':>9}{'p95 us':>11}{'delivered':>10}"
-    f"{'steal':>9}{'waited':>9}{'cpu ms':>9}"
+    f"{'':<26}{'max ms':>9}{'total ms':>11}{'ran/wait/other':>16}{'p50 ms':>9}{'p95 us':>11}"
+    f"{'delivered':>10}{'steal':>9}{'waited':>9}{'cpu ms':>9}"
 )
 
 
 def scenario(calls: int, rounds: int) -> None:
     """Each row ``rounds`` times, interleaved, so that a burst of noise on a shared machine hits
     one round of every row rather than every round of one. ``steal`` is the CPU time (ms, both
-    CPUs) the hypervisor gave to other guests during the row; ``waited`` the time the loop's
-    thread spent runnable but waiting for a CPU; ``cpu ms`` the CPU time of this process, all
+    CPUs) the hypervisor gave to other guests during the row; ``ran/wait/other`` splits the
+    total lag by what the loop's thread did during the late ticks, as the kernel's scheduler
+    counts it: it ran (this process's Python, tracing's included), it waited for a CPU (behind
+    other tasks: the worker, the sink, kernel threads), or neither: it slept past its timer
+    or waited for the GIL, or its CPU did interrupt work (the network receive, which on
+    loopback the kernel does for the sink) or was not running at all (the host had not yet
+    woken the halted vCPU); ``waited`` the time the loop's thread spent runnable but waiting
+    for a CPU over the whole row; ``cpu ms`` the CPU time of this process, all
     its threads (the application's and the tracer's; not the worker's or the sink's). A round
     with much steal says little."""
     sink = Sink()
@@ -465,6 +508,7 @@ def scenario(calls: int, rounds: int) -> None:
                     ("OpenTelemetry SDK", lambda p: otel_run(sink.url, p, calls)),
                 ):
                     before = sink.count()
+                    STALLS.clear()
                     steal, waited, cpu = _steal_ms(), _waited_ms(), time.process_time()
                     lags, per_call = run(payload)
                     steal, waited = _steal_ms() - steal, _waited_ms() - waited
