@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import ipaddress
 import os
 import pickle
 import socket
@@ -133,7 +132,7 @@ def _restore(v: Any, reader: _ring.Reader, left: list[int]) -> Any:
 # with the default buffers one ``send`` of a 2.5 MB body did all of it without a pause, on a
 # kernel that may not preempt a system call. A quarter-megabyte buffer makes the worker wait
 # for the receiver every few hundred kilobytes: the application's loop waited for a CPU about
-# a third as long (docs/performance.md). A remote backend keeps the kernel's own sizing, which
+# half as long (docs/performance.md). A remote backend keeps the kernel's own sizing, which
 # a long round trip needs.
 LOOPBACK_SNDBUF = 256 * 1024
 
@@ -143,10 +142,10 @@ def _client(dest: Destination) -> Any:
     client = _clients.get(key)
     if client is None:
         httpx = _httpx()
-        from ._transport import _ssl_context
+        from ._transport import _ssl_context, is_loopback
 
         options = []
-        if _is_loopback(dest.url):
+        if is_loopback(urllib.parse.urlsplit(dest.url).hostname or ""):
             options.append((socket.SOL_SOCKET, socket.SO_SNDBUF, LOOPBACK_SNDBUF))
         transport = httpx.HTTPTransport(verify=_ssl_context(), socket_options=options)
         client = _clients[key] = httpx.Client(
@@ -169,16 +168,6 @@ def _httpx() -> Any:
     import httpx
 
     return httpx
-
-
-def _is_loopback(url: str) -> bool:
-    host = urllib.parse.urlsplit(url).hostname or ""
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _deliver(

@@ -17,6 +17,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import email.utils
+import ipaddress
 import os
 import random
 import ssl
@@ -105,6 +106,18 @@ class Transport(Protocol):
     async def aclose(self) -> None:
         """Release connections. Called once, on the loop that sent."""
         ...
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or address, IPv6 with or without brackets) is this machine
+    only: where the collector may bind without a token, and where the worker sends in short
+    steps because the receiver shares its CPUs."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 _ssl_lock = threading.Lock()

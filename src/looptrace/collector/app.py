@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import ipaddress
 import os
 import sqlite3
 import urllib.parse
@@ -32,6 +31,7 @@ from starlette.routing import BaseRoute, Route
 
 from .. import _otlp
 from .._store import Store, StoreError
+from .._transport import is_loopback
 
 __all__ = [
     "DEFAULT_HOST",
@@ -407,16 +407,6 @@ def create_app(
     if token:
         app.add_middleware(_TokenGate, token=token)
     return app
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding to ``host`` keeps the collector reachable from this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def serve(
