@@ -286,7 +286,10 @@ _UNCACHED_KEYS = frozenset((INPUT_VALUE, OUTPUT_VALUE))
 # The tag and one-byte length of a span attribute (KeyValue, field 9) of each short size, and
 # the head of a short string AnyValue: its length, the string_value tag, the string's length.
 _KV_HEAD = [b"\x4a" + _BYTE[i] for i in range(128)]
-_STR_HEAD = [bytes((i + 2, 0x0A, i)) for i in range(126)]
+# A string value shorter than this (in UTF-8 bytes) has a one-byte AnyValue length: its head
+# comes from _STR_HEAD, and it may be cached whole. A str of as many characters never is.
+_SHORT = 126
+_STR_HEAD = [bytes((i + 2, 0x0A, i)) for i in range(_SHORT)]
 # Span names (with kind) repeat: the encoded name and kind fields for each, bounded.
 _NAME_CACHE: dict[tuple[str, int], bytes] = {}
 _NAME_CACHE_MAX = 4096
@@ -369,7 +372,7 @@ def span_attributes(attributes: Attributes, parts: list[bytes]) -> None:
         if type(v) is str:
             # Only short values are cached, and looking a long one up would hash all of it: a
             # new 2.5 MB payload string costs 0.7 ms to hash, for a lookup that cannot hit.
-            if len(v) < 126:
+            if len(v) < _SHORT:
                 piece = cache.get((k, v))
                 if piece is not None:
                     append(piece)
@@ -378,7 +381,7 @@ def span_attributes(attributes: Attributes, parts: list[bytes]) -> None:
                 vb = v.encode()
             except UnicodeEncodeError:
                 vb = v.encode("utf-8", "replace")
-            if k in _UNCACHED_KEYS or len(vb) >= 126:
+            if k in _UNCACHED_KEYS or len(vb) >= _SHORT:
                 parts += string_attribute(k, vb)
                 continue
             piece = b"".join(string_attribute(k, vb))
@@ -397,7 +400,7 @@ def string_attribute(key: str, value: bytes) -> tuple[bytes, ...]:
     """The pieces of one ``Span.attributes`` field whose value is a string, given as UTF-8."""
     kp = _KEY_CACHE.get(key) or _key_prefix(key)
     n = len(value)
-    if n < 126:
+    if n < _SHORT:
         # AnyValue is "\x0a <n> value": n + 2 bytes, itself under 128, so 1-byte length.
         kv_len = len(kp) + n + 3
         head = _KV_HEAD[kv_len] if kv_len < 128 else b"\x4a" + _varint(kv_len)
