@@ -3,8 +3,13 @@ deliberate edit, and every exported name is real and documented."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import pathlib
+import subprocess
+import sys
+
+import pytest
 
 import looptrace
 
@@ -84,3 +89,47 @@ def test_public_modules_import() -> None:
     """The public modules outside the top-level namespace import on their own."""
     for module in ("looptrace.testing", "looptrace.monitor", "looptrace.evals"):
         importlib.import_module(module)
+
+
+def test_importing_the_package_loads_nothing_else() -> None:
+    """``import looptrace`` costs almost nothing: each public name loads its module on first
+    use, so a worker process (or a program using one part of the API) pays only for that."""
+    code = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "import looptrace\n"
+        "loaded = sorted(set(sys.modules) - before)\n"
+        "print(' '.join(loaded))\n"
+        "looptrace.traced\n"
+        "print('looptrace._pipeline' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    loaded, pipeline_loaded = out.stdout.split("\n")[:2]
+    assert [m for m in loaded.split() if m.startswith("looptrace.")] == []
+    assert not {"asyncio", "httpx", "orjson"} & set(loaded.split())
+    # The capture API brings the export pipeline with it, so the first span (perhaps on the
+    # user's loop) does not import it.
+    assert pipeline_loaded == "True"
+
+
+def test_lazy_names_match_the_names_type_checkers_see() -> None:
+    """Each public name resolves from the module the type checkers are told it comes from."""
+    tree = ast.parse(pathlib.Path(looptrace.__file__).read_text())
+    seen: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for stmt in node.body:
+                assert isinstance(stmt, ast.ImportFrom) and stmt.module is not None
+                seen.update({alias.name: stmt.module for alias in stmt.names})
+    assert seen == looptrace._ORIGIN
+    assert set(seen) == set(looptrace.__all__) - {"__version__"}
+    for name, module in seen.items():
+        origin = importlib.import_module(f"looptrace.{module}")
+        assert getattr(looptrace, name) is getattr(origin, name)
+
+
+def test_unknown_names_raise_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'trace'"):
+        looptrace.trace  # noqa: B018
+    assert "traced" in dir(looptrace)

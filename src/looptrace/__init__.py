@@ -1,31 +1,96 @@
 """looptrace: asyncio tracing that never slows the program it watches.
 
 The public API is exactly what this module exports; everything in ``looptrace._*`` is private.
+
+Names are imported on first use (PEP 562): ``import looptrace`` loads nothing else, so a
+worker process, which imports one private module of the package, does not pay for the rest of
+it (httpx, asyncio, the evaluation and monitor code), and neither does a program that only
+uses part of the API.
 """
 
 from __future__ import annotations
 
-from ._capture import span, traced
-from ._config import Config
-from ._context import attach, bind_context, current_span, extract, inject, suppress_tracing
-from ._errors import ConfigurationError, LoopTraceError
-from ._pipeline import (
-    FlushResult,
-    Statistics,
-    backpressure,
-    configure,
-    flush,
-    flush_sync,
-    get_config,
-    shutdown,
-    shutdown_sync,
-    statistics,
-)
-from ._span import Event, Link, NonRecordingSpan, Span, SpanContext, SpanKind, StatusCode
-from .evals import CaseResult, Experiment, ExperimentSummary, Score, experiment, run_experiment
-from .monitor import Culprit, LagMonitor, LagSnapshot
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._capture import span, traced
+    from ._config import Config
+    from ._context import attach, bind_context, current_span, extract, inject, suppress_tracing
+    from ._errors import ConfigurationError, LoopTraceError
+    from ._pipeline import (
+        FlushResult,
+        Statistics,
+        backpressure,
+        configure,
+        flush,
+        flush_sync,
+        get_config,
+        shutdown,
+        shutdown_sync,
+        statistics,
+    )
+    from ._span import Event, Link, NonRecordingSpan, Span, SpanContext, SpanKind, StatusCode
+    from .evals import CaseResult, Experiment, ExperimentSummary, Score, experiment, run_experiment
+    from .monitor import Culprit, LagMonitor, LagSnapshot
 
 __version__ = "0.1.0"
+
+# Each public name and the module that defines it. The imports above are the same list for
+# type checkers; tests/test_public_api.py checks that the two agree.
+_ORIGIN = {
+    "span": "_capture",
+    "traced": "_capture",
+    "Config": "_config",
+    "attach": "_context",
+    "bind_context": "_context",
+    "current_span": "_context",
+    "extract": "_context",
+    "inject": "_context",
+    "suppress_tracing": "_context",
+    "ConfigurationError": "_errors",
+    "LoopTraceError": "_errors",
+    "FlushResult": "_pipeline",
+    "Statistics": "_pipeline",
+    "backpressure": "_pipeline",
+    "configure": "_pipeline",
+    "flush": "_pipeline",
+    "flush_sync": "_pipeline",
+    "get_config": "_pipeline",
+    "shutdown": "_pipeline",
+    "shutdown_sync": "_pipeline",
+    "statistics": "_pipeline",
+    "Event": "_span",
+    "Link": "_span",
+    "NonRecordingSpan": "_span",
+    "Span": "_span",
+    "SpanContext": "_span",
+    "SpanKind": "_span",
+    "StatusCode": "_span",
+    "CaseResult": "evals",
+    "Experiment": "evals",
+    "ExperimentSummary": "evals",
+    "Score": "evals",
+    "experiment": "evals",
+    "run_experiment": "evals",
+    "Culprit": "monitor",
+    "LagMonitor": "monitor",
+    "LagSnapshot": "monitor",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _ORIGIN.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "CaseResult",

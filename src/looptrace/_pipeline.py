@@ -1160,17 +1160,7 @@ _pipeline: Pipeline | None = None
 _atexit_registered = False
 
 
-class _LazySink:
-    """Installed until the first span: creates the pipeline from the configuration in force."""
-
-    def on_start(self, span: Span) -> None:
-        _get_or_create().on_start(span)
-
-    def on_end(self, span: Span) -> None:
-        _get_or_create().on_end(span)
-
-
-_LAZY = _LazySink()
+_LAZY = _state.STARTS_PIPELINE  # the sink whenever no pipeline runs
 
 
 def _get_or_create() -> Pipeline:
@@ -1336,8 +1326,6 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-_state.sink = _LAZY
 
 __all__ = [
     "FlushResult",

@@ -34,7 +34,27 @@ class NullSink:
         pass
 
 
-sink: Sink = NullSink()
+class StartsPipeline:
+    """The sink until a pipeline runs: the first span starts one from the configuration in
+    force, which then replaces this as the sink."""
+
+    def on_start(self, span: Span) -> None:
+        _start_pipeline().on_start(span)
+
+    def on_end(self, span: Span) -> None:
+        _start_pipeline().on_end(span)
+
+
+def _start_pipeline() -> Sink:
+    # Imported here because the pipeline module imports this one. The capture API imports the
+    # pipeline module itself, so this import is already done and the first span pays nothing.
+    from ._pipeline import _get_or_create
+
+    return _get_or_create()
+
+
+STARTS_PIPELINE = StartsPipeline()
+sink: Sink = STARTS_PIPELINE
 config: Config | None = None
 
 # Capture switches, derived from the config so the hot path tests a bool, not an object.
