@@ -109,9 +109,15 @@ def decode_body(body: bytes, content_type: str, content_encoding: str) -> Export
 class OtlpTestServer:
     """A threaded HTTP server recording OTLP trace requests; see the module docstring."""
 
-    def __init__(self, latency: float = 0.0, defer_decode: bool = False) -> None:
+    def __init__(
+        self, latency: float = 0.0, defer_decode: bool = False, idle_timeout: float | None = None
+    ) -> None:
         self.latency = latency
         self.defer_decode = defer_decode
+        # Close a kept-alive connection after this long without a request, as servers do.
+        self.idle_timeout = idle_timeout
+        self.connections_opened = 0
+        self.connections_closed = 0
         self._deferred: list[Received] = []
         self.requests: list[Received] = []
         self._faults: collections.deque[Fault] = collections.deque()
@@ -136,9 +142,23 @@ class OtlpTestServer:
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
             disable_nagle_algorithm = True  # small answers must not wait for delayed ACKs
+            timeout = owner.idle_timeout
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
+
+            def setup(self) -> None:
+                super().setup()
+                with owner._cond:
+                    owner.connections_opened += 1
+
+            def finish(self) -> None:
+                try:
+                    super().finish()
+                finally:
+                    with owner._cond:
+                        owner.connections_closed += 1
+                        owner._cond.notify_all()
 
             def do_POST(self) -> None:
                 owner._handle(self)
@@ -242,6 +262,11 @@ class OtlpTestServer:
                     return False
                 self._cond.wait(left)
             return True
+
+    def wait_for_closed(self, count: int, timeout: float = 5.0) -> bool:
+        """Block until the server has closed ``count`` connections in all."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.connections_closed >= count, timeout)
 
     def end_storm(self) -> None:
         with self._cond:

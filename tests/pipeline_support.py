@@ -13,10 +13,10 @@ from otlp_server import OtlpTestServer
 
 
 @contextlib.contextmanager
-def checked_server() -> Iterator[OtlpTestServer]:
+def checked_server(**options: Any) -> Iterator[OtlpTestServer]:
     """A fresh OTLP server; on leaving, every request it answered must have decoded (a
     connection reset on purpose is not a decoding failure)."""
-    with OtlpTestServer() as srv:
+    with OtlpTestServer(**options) as srv:
         yield srv
         srv.release()
     bad = [r.error for r in srv.requests if r.error not in (None, "reset")]

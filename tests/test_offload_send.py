@@ -181,31 +181,78 @@ def test_destination_repr_hides_headers(server: OtlpTestServer) -> None:
 def test_only_a_loopback_backend_gets_the_small_send_buffer(url: str, loopback: bool) -> None:
     """A backend on this machine shares its CPUs, so the worker sends to it in bounded steps; a
     remote one keeps the kernel's buffer sizing, which a long round trip needs for speed."""
-    from looptrace._transport import is_loopback
+    from looptrace._net import is_loopback
 
     assert is_loopback(urllib.parse.urlsplit(url).hostname or "") is loopback
 
 
-def test_worker_http_client_leaves_trio_importable(tmp_path: Any) -> None:
-    """A worker's HTTP client is built without importing trio (most of httpx's import time),
-    and trio stays importable afterwards for a user's value that needs it."""
-    import subprocess
-    import sys
+async def test_worker_keeps_one_connection_for_many_spans(offloader: Offloader) -> None:
+    """Spans sent one after another reuse the worker's connection: no handshake per span."""
+    with checked_server() as server:
+        dest = destination(server)
+        for span_id in range(2, 5):
+            outcome = await offloader.deliver(
+                offloader.job(big_span(span_id), CFG, "protobuf", 0), dest
+            )
+            assert isinstance(outcome, Response) and outcome.status == 200
+        assert server.accepted_span_count == 3
+        assert server.connections_opened == 1
 
-    code = (
-        "import sys\n"
-        "from looptrace import _offload\n"
-        "_offload._client(_offload.Destination("
-        "'http://127.0.0.1:9/v1/traces', {}, 1.0, 'protobuf', 'none', None))\n"
-        "assert 'httpcore' in sys.modules and 'trio' not in sys.modules, sorted(sys.modules)\n"
-        "import trio\n"
-        "print(trio.__name__)\n"
+
+async def test_worker_reconnects_when_the_server_closed_an_idle_connection(
+    offloader: Offloader,
+) -> None:
+    """A server that closes kept-alive connections after a pause (as most do) costs a new
+    connection, never a failed send."""
+    with checked_server(idle_timeout=0.2) as server:
+        dest = destination(server)
+        first = await offloader.deliver(offloader.job(big_span(2), CFG, "protobuf", 0), dest)
+        assert isinstance(first, Response) and first.status == 200
+        assert await asyncio.to_thread(server.wait_for_closed, 1)
+        second = await offloader.deliver(offloader.job(big_span(3), CFG, "protobuf", 0), dest)
+        assert isinstance(second, Response) and second.status == 200
+        assert server.connections_opened == 2 and server.accepted_span_count == 2
+
+
+async def test_a_reset_connection_is_reported_and_the_next_span_still_goes(
+    offloader: Offloader, server: OtlpTestServer
+) -> None:
+    """A connection reset mid-request is an error string (the pipeline retries it), and the
+    worker sends the next span on a new connection."""
+    server.reset_next(1)
+    job = offloader.job(big_span(), CFG, "protobuf", 0)
+    outcome = await offloader.deliver(job, destination(server))
+    assert isinstance(outcome, str) and "Connection" in outcome
+    outcome = await offloader.deliver(job, destination(server))
+    assert isinstance(outcome, Response) and outcome.status == 200
+    assert server.statuses() == [0, 200]
+
+
+async def test_user_headers_reach_the_server(offloader: Offloader, server: OtlpTestServer) -> None:
+    dest = destination(server, authorization="Bearer sk-secret", **{"x-team": "evals"})
+    outcome = await offloader.deliver(offloader.job(big_span(), CFG, "protobuf", 0), dest)
+    assert isinstance(outcome, Response) and outcome.status == 200
+    headers = server.requests[-1].headers
+    assert headers["authorization"] == "Bearer sk-secret" and headers["x-team"] == "evals"
+    assert headers["content-type"] == "application/x-protobuf"
+    assert headers["content-encoding"] == "gzip"
+
+
+async def test_worker_loads_neither_asyncio_nor_httpx(
+    offloader: Offloader, server: OtlpTestServer
+) -> None:
+    """A worker's start-up is mostly imports, on cores the application wants: after sending a
+    span it has still not loaded the parent's event-loop or HTTP-client modules."""
+    outcome = await offloader.deliver(
+        offloader.job(big_span(), CFG, "protobuf", 0), destination(server)
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "trio"
+    assert isinstance(outcome, Response) and outcome.status == 200
+    pool = offloader._pool
+    assert pool is not None
+    modules = await pool.call("modules", ())
+    assert "looptrace._offload_child" in modules
+    loaded = {name.split(".")[0] for name in modules}
+    assert not loaded & {"asyncio", "httpx", "httpcore", "anyio", "trio"}
 
 
 async def test_worker_killed_mid_send_gives_the_span_back_to_the_parent(

@@ -57,19 +57,19 @@ def test_each_loop_gets_a_client_but_tls_setup_happens_once(
 ) -> None:
     """Every asyncio.run needs its own HTTP client (a connection pool belongs to one loop),
     but loading the CA bundle (tens of milliseconds of CPU) is done once per process."""
-    import httpx
+    import ssl
 
-    from looptrace import _transport
+    from looptrace import _net
 
     built: list[object] = []
-    real = httpx.create_ssl_context
+    real = ssl.create_default_context
 
     def counting(*args: object, **kwargs: object) -> object:
         built.append(real(*args, **kwargs))  # type: ignore[arg-type]
         return built[-1]
 
-    monkeypatch.setattr(_transport, "_ssl", None)
-    monkeypatch.setattr(httpx, "create_ssl_context", counting)
+    monkeypatch.setattr(_net, "_ssl", None)
+    monkeypatch.setattr(ssl, "create_default_context", counting)
     use(server)
     for run in range(3):
         asyncio.run(looptrace.flush(5))  # nothing to send yet: the client is made on use

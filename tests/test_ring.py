@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from looptrace import _offload, _ring
+from looptrace import _offload, _offload_child, _ring
 
 SIZE = 1 << 20
 BIG = 64 * 1024
@@ -144,7 +144,7 @@ def test_lift_then_restore_gives_back_the_value(value: Any, direct: bool) -> Non
         before = repr(value)
         lifted = lifter.lift(value)
         assert repr(value) == before
-        restored = _offload._restore(lifted, reader, [lifter.slots, _offload.LIFT_BUDGET])
+        restored = _offload_child.restore(lifted, reader, [lifter.slots, _offload.LIFT_BUDGET])
         assert restored == value and repr(restored) == repr(value)
         if direct:
             assert ring.busy == 0 and lifter.regions == []  # nothing copied

@@ -3,7 +3,8 @@
 The parent runs the user's hooks and builds everything but the payload values
 (:func:`looptrace._serialize.prepare`); the worker serializes the values, applies the caps and
 encodes the span (:func:`looptrace._serialize.finish` + ``_otlp.encode_span``): the same code,
-so the bytes are identical to the inline path. The handoff (a small pickle: large values
+so the bytes are identical to the inline path (the worker's side is
+:mod:`looptrace._offload_child`). The handoff (a small pickle: large values
 travel as slots) is written to the worker's pipe by the loop itself (:mod:`looptrace._workers`).
 
 The pool starts lazily, from a worker thread, with the ``spawn`` start method (``fork`` is
@@ -29,242 +30,31 @@ span encoded on a second event loop while the pool serves another (``other_loop`
 from __future__ import annotations
 
 import asyncio
-import importlib
 import os
 import pickle
-import socket
-import sys
 import threading
-import urllib.parse
 from collections import Counter
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from . import _ring, _serialize, _workers
+from ._offload_child import CALLS, LIFT_BUDGET, Destination, initializer
 from ._transport import Response
 
 if TYPE_CHECKING:
     from ._config import Config
-    from ._otlp import Resource
     from ._span import Span
 
 __all__ = ["Destination", "Job", "Offloader"]
 
 _START_TIMEOUT = 60.0
-# Values visited (per span) looking for large strings to put in the ring: the planning walk's
-# budget, so a span's handoff stays as cheap as its plan.
-LIFT_BUDGET = 256
-
-
-# --------------------------------------------------------------------------- worker side
 
 
 async def _done(value: bytes) -> bytes:
     return value
 
 
-_reader: _ring.Reader | None = None
-_clients: dict[tuple[Any, ...], Any] = {}
-
-
-def _initializer(parent: int | None = None) -> None:
-    """Runs in each worker before any call: gets ready to read slots from the parent."""
-    global _reader
-    _reader = _ring.Reader(pid=parent)
-
-
-def _read_back(slot: _ring.Slot) -> Any:
-    """The value behind ``slot``, read here: the parent's test of direct reads."""
-    assert _reader is not None, "no reader"
-    return _reader.value(slot)
-
-
-def _ping() -> int:
-    return os.getpid()
-
-
-def _work(
-    wire: Any, inputs: Any, output: Any, pol: Any, max_span_bytes: int, encoding: str
-) -> tuple[bytes | None, dict[str, int]]:
-    """The worker's entry point: finish serializing one prepared span, and encode it. (A
-    value the worker cannot rebuild, such as a class from the user's ``__main__``, fails in
-    the pool's unpickling, which answers with the error.)"""
-    from . import _otlp
-
-    try:
-        with _serialize.counted() as counts:
-            wire = _serialize.finish(wire, inputs, output, pol, max_span_bytes)
-        body = _otlp.encode_span(wire, encoding)
-    except Exception as exc:
-        return None, {"error": 1, type(exc).__name__: 1}
-    return body, dict(counts)
-
-
-def _restore(v: Any, reader: _ring.Reader, left: list[int]) -> Any:
-    """``v`` with every ring slot replaced by its value: the mirror of :func:`_lift`, walking
-    the same values in the same order within the same budget. ``left`` is [slots still to
-    find, values still to visit]."""
-    cls = type(v)
-    if cls is _ring.Slot:
-        left[0] -= 1
-        return reader.value(v)
-    if cls is dict:
-        for k, x in v.items():
-            left[1] -= 1
-            if left[0] <= 0 or left[1] < 0:
-                break
-            y = _restore(x, reader, left)
-            if y is not x:
-                v[k] = y
-        return v
-    if cls is list or cls is tuple:
-        out = v if cls is list else list(v)
-        for i, x in enumerate(out):
-            left[1] -= 1
-            if left[0] <= 0 or left[1] < 0:
-                break
-            out[i] = _restore(x, reader, left)
-        return out if cls is list else tuple(out)
-    return v
-
-
-# On loopback the kernel runs the receiver's side of TCP inside the sender's system calls, and
-# with the default buffers one ``send`` of a 2.5 MB body did all of it without a pause, on a
-# kernel that may not preempt a system call. A quarter-megabyte buffer makes the worker wait
-# for the receiver every few hundred kilobytes: the application's loop waited for a CPU about
-# half as long (docs/performance.md). A remote backend keeps the kernel's own sizing, which
-# a long round trip needs.
-LOOPBACK_SNDBUF = 256 * 1024
-
-
-def _client(dest: Destination) -> Any:
-    key = (dest.url, tuple(sorted(dest.headers.items())), dest.timeout)
-    client = _clients.get(key)
-    if client is None:
-        httpx = _httpx()
-        from ._transport import _ssl_context, is_loopback
-
-        options = []
-        if is_loopback(urllib.parse.urlsplit(dest.url).hostname or ""):
-            options.append((socket.SOL_SOCKET, socket.SO_SNDBUF, LOOPBACK_SNDBUF))
-        transport = httpx.HTTPTransport(verify=_ssl_context(), socket_options=options)
-        client = _clients[key] = httpx.Client(
-            headers=dest.headers, timeout=dest.timeout, transport=transport, trust_env=False
-        )
-    return client
-
-
-def _httpx() -> Any:
-    """httpx, for a worker. httpcore (which httpx imports with its first transport) imports
-    trio when it is installed, for async backends the worker's synchronous client never uses:
-    two thirds of the time httpx takes to import. trio is kept out only while httpcore is
-    imported, so a user's value that needs trio can still be rebuilt here."""
-    if "httpcore" not in sys.modules and "trio" not in sys.modules:
-        sys.modules["trio"] = None  # type: ignore[assignment]
-        try:
-            importlib.import_module("httpcore")
-        finally:
-            del sys.modules["trio"]
-    import httpx
-
-    return httpx
-
-
-def _deliver(
-    wire: Any,
-    inputs: Any,
-    output: Any,
-    max_span_bytes: int,
-    settings: bytes,
-    slots: int,
-    ring: tuple[str, int] | None = None,
-) -> tuple[str, Any, dict[str, int]]:
-    """The worker's other entry point: finish one large span, and send it as a request of its
-    own. Answers ``("answered", (status, retry_after, detail), counts)``, ``("unsent", error,
-    counts)`` when no answer came, or ``("error", name, {})`` when the span could not be
-    encoded here (the parent then encodes it itself)."""
-    httpx = _httpx()
-    from . import _otlp
-
-    try:
-        # Unpickled here, inside the try: a failure is an answer, not a dead worker.
-        dest, pol = _settings(settings)
-        if slots:
-            assert _reader is not None, "slots without a reader"
-            if ring is not None:
-                _reader.map(*ring)
-            left = [slots, LIFT_BUDGET]
-            inputs = (inputs[0], _restore(inputs[1], _reader, left))
-            output = (output[0], _restore(output[1], _reader, left))
-            if left[0]:
-                raise LookupError(f"{left[0]} ring slot(s) not found")
-        with _serialize.counted() as counts:
-            wire = _serialize.finish(wire, inputs, output, pol, max_span_bytes)
-        chunk = _otlp.encode_span(wire, dest.encoding)
-        body = _otlp.encode_request([chunk], dest.resource, dest.encoding)
-        headers = {"Content-Type": _otlp.content_type(dest.encoding)}
-        if dest.compression != "none":
-            body, content_encoding = _otlp.compress(body, dest.compression)
-            if content_encoding:
-                headers["Content-Encoding"] = content_encoding
-    except Exception as exc:
-        return "error", type(exc).__name__, {}
-    try:
-        response = _client(dest).post(dest.url, content=body, headers=headers)
-    except (OSError, httpx.TransportError) as exc:
-        return "unsent", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, counts
-    answer = (response.status_code, response.headers.get("retry-after"), response.content[:200])
-    return "answered", answer, dict(counts)
-
-
-_last_settings: tuple[bytes, Any] | None = None
-
-
-def _settings(raw: bytes) -> tuple[Destination, Any]:
-    """The destination and serialization policy, unpickled once per change."""
-    global _last_settings
-    last = _last_settings
-    if last is None or last[0] != raw:
-        last = _last_settings = (raw, pickle.loads(raw))
-    return last[1]  # type: ignore[no-any-return]
-
-
-# What a worker answers to, by name.
-_CALLS: dict[str, Any] = {
-    "ping": _ping,
-    "read_back": _read_back,
-    "work": _work,
-    "deliver": _deliver,
-}
-
-
 # --------------------------------------------------------------------------- parent side
-
-
-class Destination:
-    """Where and how a worker sends a large span: the pipeline's OTLP/HTTP endpoint and
-    request settings. Carries the endpoint's headers (API keys): never shown in a repr."""
-
-    __slots__ = ("compression", "encoding", "headers", "resource", "timeout", "url")
-
-    def __init__(
-        self,
-        url: str,
-        headers: dict[str, str],
-        timeout: float,
-        encoding: str,
-        compression: str,
-        resource: Resource,
-    ) -> None:
-        self.url = url
-        self.headers = headers
-        self.timeout = timeout
-        self.encoding = encoding
-        self.compression = compression
-        self.resource = resource
-
-    def __repr__(self) -> str:
-        return f"Destination({self.url!r}, headers=<{len(self.headers)} redacted>)"
 
 
 class Job:
@@ -337,7 +127,7 @@ class _Lifter:
 def _new_pool(workers: int) -> _workers.Pool:
     if os.name != "posix":
         raise OSError("worker processes are talked to over POSIX pipes")
-    pool = _workers.Pool(workers, _initializer, (os.getpid(),), _CALLS)
+    pool = _workers.Pool(workers, initializer, (os.getpid(),), CALLS)
     pool.start(_START_TIMEOUT)
     return pool
 

@@ -8,8 +8,8 @@ mutates an argument after the call.
 
 from __future__ import annotations
 
-import asyncio
 import enum
+import sys
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Final, NamedTuple
@@ -398,7 +398,10 @@ INVALID_SPAN: Final = NonRecordingSpan()
 
 
 def _is_cancellation(exc: BaseException) -> bool:
-    if isinstance(exc, asyncio.CancelledError):
+    # asyncio is looked up, not imported: worker processes load this module and never run a
+    # loop, and an exception cannot be asyncio's before asyncio is loaded.
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is not None and isinstance(exc, asyncio.CancelledError):
         return True
     # trio's Cancelled, without importing trio in programs that never use it.
     cls = type(exc)

@@ -17,16 +17,16 @@ import collections
 import concurrent.futures
 import dataclasses
 import email.utils
-import ipaddress
 import os
 import random
-import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
 import httpx
+
+from ._net import ssl_context
 
 Verdict = Literal["ok", "retry", "split", "reject"]
 
@@ -108,33 +108,6 @@ class Transport(Protocol):
         ...
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a name or address, IPv6 with or without brackets) is this machine
-    only: where the collector may bind without a token, and where the worker sends in short
-    steps because the receiver shares its CPUs."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-_ssl_lock = threading.Lock()
-_ssl: ssl.SSLContext | None = None
-
-
-def _ssl_context() -> ssl.SSLContext:
-    """One TLS context for the process. Building one loads the CA bundle (35-150 ms of CPU
-    here), and each event loop needs its own client: a program that calls asyncio.run many
-    times (pytest, one loop per test) paid that for every loop."""
-    global _ssl
-    with _ssl_lock:
-        if _ssl is None:
-            _ssl = httpx.create_ssl_context(trust_env=False)
-        return _ssl
-
-
 class HttpTransport:
     """OTLP/HTTP over an ``httpx.AsyncClient``, created on first use on the sending loop.
 
@@ -180,7 +153,7 @@ class HttpTransport:
 
         return httpx.AsyncClient(
             headers=self._headers,
-            verify=_ssl_context(),
+            verify=ssl_context(),
             timeout=self._timeout,
             limits=httpx.Limits(
                 max_connections=self._max_connections,

@@ -21,36 +21,35 @@ loops cannot be done safely from either side.
 The processes start with the ``spawn`` method (``fork`` is unsafe in threaded programs), and
 never import the user's ``__main__``: a script without an ``if __name__ == "__main__"`` guard
 neither breaks nor runs twice.
+
+The child's side (its main loop, and the process class it unpickles) is
+:mod:`looptrace._child`, which a worker can import without asyncio.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import multiprocessing.context
-import multiprocessing.spawn
 import os
 import pickle
 import select
-import signal
-import struct
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
+
+from ._child import HEADER as _HEADER
+from ._child import Context, serve, yield_cpu
 
 __all__ = ["Elsewhere", "Pool", "WorkerError", "WorkerGone", "start_method", "yield_cpu"]
 
-_HEADER = struct.Struct("<IQ")  # payload bytes, call id
 # At most this much is read or written per loop callback, so that a large answer (an encoded
 # span coming back) is spread over several turns of the loop instead of one long copy.
 _STEP = 256 * 1024
 # Pipes this large hold a whole call frame without the loop having to wait for room. Linux
 # lets an unprivileged process grow a pipe to 1 MiB (fs.pipe-max-size).
 _PIPE_BYTES = 1 << 20
-_MAIN_KEYS = ("init_main_from_path", "init_main_from_name")
-_patch_lock = threading.Lock()
 
 Release = Callable[[], None]
 
@@ -72,125 +71,9 @@ class Elsewhere(Exception):
     """The pool serves another running event loop (or this loop cannot watch pipes)."""
 
 
-# --------------------------------------------------------------------------- worker side
-
-
-def yield_cpu(pid: int) -> None:
-    """Make process ``pid`` (0: this one) run only when a core is otherwise idle.
-
-    With nice 10 a worker still held the loop's core for a few milliseconds after the loop
-    woke up (the scheduler lets a running task finish its slice): 120-135 ms of waiting for a
-    CPU in 100 large spans. A ``SCHED_IDLE`` task gives up its core as soon as a normal one
-    wants it. A process can take this policy safely; a thread could not, since it would hold
-    the GIL while starved.
-    """
-    try:
-        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))  # type: ignore[attr-defined,unused-ignore]
-        return
-    except (AttributeError, OSError):
-        pass
-    try:
-        os.setpriority(os.PRIO_PROCESS, pid, 19)
-    except (AttributeError, OSError):
-        pass
-
-
-def _read_exact(fd: int, n: int) -> bytearray | None:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = os.readv(fd, [view[got:]])
-        if k == 0:
-            return None
-        got += k
-    return buf
-
-
-def _write_all(fd: int, head: bytes, payload: bytes) -> None:
-    sent = os.writev(fd, [head, payload])
-    total = len(head) + len(payload)
-    if sent < total:
-        rest = memoryview(head + payload)[sent:]
-        while rest:
-            rest = rest[os.write(fd, rest) :]
-
-
-def _serve(
-    tasks: Any,
-    answers: Any,
-    init: Callable[..., None],
-    init_args: tuple[Any, ...],
-    calls: dict[str, Callable[..., Any]],
-) -> None:
-    """A worker's whole life: answer calls in order until the parent closes its pipe (or
-    dies). Every error inside a call is an answer; only a lost pipe ends the worker."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    yield_cpu(0)
-    rfd, wfd = tasks.fileno(), answers.fileno()
-    init(*init_args)
-    while True:
-        try:
-            head = _read_exact(rfd, _HEADER.size)
-            if head is None:
-                return
-            n, rid = _HEADER.unpack(head)
-            body = _read_exact(rfd, n)
-            if body is None:
-                return
-        except OSError:
-            return
-        try:
-            # Unpickled here, inside the try: a value this process cannot rebuild (a class
-            # from the user's __main__) is an error answer, not a dead worker.
-            name, args = pickle.loads(body)
-            answer = pickle.dumps((True, calls[name](*args)), protocol=5)
-        except Exception as exc:
-            answer = pickle.dumps((False, f"{type(exc).__name__}: {exc}"), protocol=5)
-        try:
-            _write_all(wfd, _HEADER.pack(len(answer), rid), answer)
-        except OSError:
-            return
-
-
-# --------------------------------------------------------------------------- starting
-
-
-@contextlib.contextmanager
-def _without_main() -> Iterator[None]:
-    # spawn tells the child to re-run the parent's __main__ (by path or module name); for a
-    # script without a __main__ guard that would run the user's program a second time. The
-    # worker needs nothing from __main__, so the child is launched without that instruction.
-    original = multiprocessing.spawn.get_preparation_data
-
-    def preparation_data(name: str) -> dict[str, Any]:
-        data = original(name)
-        for key in _MAIN_KEYS:
-            data.pop(key, None)
-        return data
-
-    with _patch_lock:
-        multiprocessing.spawn.get_preparation_data = preparation_data
-        try:
-            yield
-        finally:
-            multiprocessing.spawn.get_preparation_data = original
-
-
-class _Process(multiprocessing.context.SpawnProcess):
-    @staticmethod
-    def _Popen(process_obj: Any) -> Any:
-        with _without_main():
-            return multiprocessing.context.SpawnProcess._Popen(process_obj)
-
-
-class _Context(multiprocessing.context.SpawnContext):
-    Process = _Process
-
-
 def start_method() -> str:
     """The start method of worker processes (always ``spawn``: never ``fork``)."""
-    return _Context()._name
+    return Context()._name
 
 
 def _own(conn: Any) -> int:
@@ -265,13 +148,13 @@ class Pool:
 
     def start(self, timeout: float) -> None:
         """Launch the workers and wait until each has answered a first call."""
-        ctx = _Context()
+        ctx = Context()
         try:
             for _ in range(self.workers):
                 task_r, task_w = ctx.Pipe(duplex=False)
                 answer_r, answer_w = ctx.Pipe(duplex=False)
                 process = ctx.Process(
-                    target=_serve,
+                    target=serve,
                     args=(task_r, answer_w, self._init, self._init_args, self._calls),
                     name="looptrace-worker",
                     daemon=True,

@@ -30,8 +30,8 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from .. import _otlp
+from .._net import is_loopback
 from .._store import Store, StoreError
-from .._transport import is_loopback
 
 __all__ = [
     "DEFAULT_HOST",
