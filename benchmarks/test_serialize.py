@@ -65,3 +65,29 @@ def test_plan_structure(benchmark: Any) -> None:
     """The bounded planning walk on a structure-heavy value stops at its node budget."""
     span = span_with(structure_payload(165_000), "ok")
     benchmark(SpanEncoder(CFG).plan, span)
+
+
+def chat_payload() -> dict[str, Any]:
+    """An LLM request: `max_tokens` mentions a redaction word, so a cheap pre-check is not
+    enough and the scan has to decide."""
+    messages = [{"role": "user", "content": "hello world " * 5, "name": f"u{i}"} for i in range(60)]
+    return {"model": "gpt-4o", "max_tokens": 512, "temperature": 0.2, "messages": messages}
+
+
+@pytest.mark.parametrize(
+    ("name", "make"),
+    [
+        ("chat_6KB", chat_payload),
+        ("string_64KB", lambda: string_payload(64_000)),
+        ("structure_165KB", lambda: structure_payload(165_000)),
+    ],
+)
+def test_secret_key_scan(benchmark: Any, name: str, make: Any) -> None:
+    """The check for a secret key in a value's JSON, run whenever the planning walk could not
+    rule one out (a value beyond its node budget, or changed by a hook)."""
+    import orjson
+
+    out = orjson.dumps(make())
+    pol = _serialize.policy(CFG)
+    assert not pol.maybe_secret(out)  # none of them holds a secret key
+    benchmark(pol.maybe_secret, out)

@@ -427,15 +427,27 @@ def test_property_secret_prefilter_never_misses_a_secret_key() -> None:
     )
     keys = st.lists(alphabet, max_size=8).map("".join)
 
+    # Text that mentions every redaction word, as values: only keys may count.
+    document = "tokenpassword api_key: Authorization cookie session " * 400
+    rows = [{"id": i, "name": f"row {i}", "tags": ["a", "b"]} for i in range(400)]
+
     @settings(max_examples=250, deadline=None)
     @given(keys)
     def check(key: str) -> None:
+        # Few keys (each read back) and many keys (the word scan) take different paths; a key
+        # may come after a long string or far into the text.
+        shapes = [
+            {"outer": {key: 1}},
+            {**{f"k{i}": i for i in range(200)}, key: 1},
+            {"doc": document, key: 1},
+            {"rows": rows, "last": {key: 1}},
+        ]
         if pol.is_secret(key):
-            # Few keys (each read back) and many keys (the word scan) take different paths.
-            assert pol.maybe_secret(orjson.dumps({"outer": {key: 1}}))
-            assert pol.maybe_secret(orjson.dumps({**{f"k{i}": i for i in range(200)}, key: 1}))
+            for shape in shapes:
+                assert pol.maybe_secret(orjson.dumps(shape))
         else:
             assert not pol.maybe_secret(orjson.dumps({"outer": {key: 1}}))
+            assert not pol.maybe_secret(orjson.dumps({"doc": document, key: 1}))
 
     check()
 

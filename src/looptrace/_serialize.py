@@ -103,10 +103,12 @@ _CACHE_MAX = 4096
 _MARKER_ROOM = 48
 # Up to this many quotes in a value's JSON, each key is read back and checked exactly.
 _FEW_QUOTES = 256
-# In orjson's compact output every object key is a string followed directly by ':'; a string
-# value cannot match (its inner quotes are escaped and its closing quote is followed by , } ]).
-_JSON_KEY = re.compile(rb'"((?:[^"\\]|\\.)*)":')
-_KEY_SCAN_MAX = 64 * 1024
+# Quotes are counted this far into a value's JSON to choose how to look for secret keys.
+_QUOTE_PROBE_BYTES = 8192
+# JSON this short is ruled out by one regex pass when no redaction word appears anywhere. The
+# regex engine tests every position (about 15 ns a byte here), so longer text is searched
+# word by word with bytes.find instead.
+_REGEX_GATE_BYTES = 2048
 _PRIMITIVES = (str, bool, int, float)
 
 
@@ -142,7 +144,6 @@ class Policy:
 
     __slots__ = (
         "_any_first",
-        "_firsts",
         "_key_cache",
         "_plain_keys",
         "_raw_cache",
@@ -164,9 +165,6 @@ class Policy:
         self.redact = redact and bool(self._words)
         firsts = sorted({w.first for w in self._words}, key=len, reverse=True)
         self._any_first = re.compile(b"|".join(re.escape(f) for f in firsts) or b"(?!)")
-        # One C-speed, case-insensitive scan rules out the usual payload (no redaction word
-        # anywhere in its text) before any Python-level look at its keys.
-        self._firsts = re.compile(b"|".join(re.escape(f) for f in firsts) or b"(?!)")
         self._key_cache: dict[str, bool] = {}
         self._plain_keys: set[str] = set()
         self._raw_cache: dict[bytes, bool] = {}
@@ -205,17 +203,15 @@ class Policy:
 
         Never says no when a key is secret (a false yes only costs the careful walk)."""
         # Every object key in orjson's output ends in '":'; no such pair means no keys at all.
-        # For small output, one regex pass over a lowercased copy rules out the usual payload
-        # (no redaction word anywhere). Large output is never copied or regex-scanned whole:
-        # the quote walk below finds its few keys at memchr speed.
         if b'":' not in out:
             return False
-        if len(out) <= _KEY_SCAN_MAX:
-            if self._firsts.search(out.lower()) is None:
-                return False
-            # A word matched somewhere (max_tokens is everywhere in LLM payloads): let the
-            # regex engine list the keys and apply the exact (cached) rule to each.
-            return any(self._secret_raw(raw) for raw in _JSON_KEY.findall(out))
+        if len(out) < _REGEX_GATE_BYTES and self._any_first.search(out.lower()) is None:
+            return False
+        # Many strings (rows of records, chat messages): look for the redaction words
+        # themselves. Listing the keys with a regex cost 50-100 ns per byte of every string,
+        # keys and values alike: 3.5 ms for 64 KB of base64, 0.6 ms for 6 KB of chat messages.
+        if out.count(b'"', 0, _QUOTE_PROBE_BYTES) > _FEW_QUOTES:
+            return self._scan_words(out)
         # Few strings (the usual shape of a big payload: a handful of keys, huge values):
         # read each key back from the text and apply the exact rule. Quotes are found with
         # memchr speed; unescaped ones alternate open/close, and only a key's close is
@@ -256,8 +252,6 @@ class Policy:
         # a key, at word boundaries (so max_tokens does not send every LLM payload down the
         # careful path).
         low = out.lower()
-        if len(low) < 2048 and self._any_first.search(low) is None:
-            return False
         for w in self._words:
             p = low.find(w.first)
             while p != -1:
