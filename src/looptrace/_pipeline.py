@@ -1160,9 +1160,6 @@ _pipeline: Pipeline | None = None
 _atexit_registered = False
 
 
-_LAZY = _state.STARTS_PIPELINE  # the sink whenever no pipeline runs
-
-
 def _get_or_create() -> Pipeline:
     global _pipeline, _atexit_registered
     with _lock:
@@ -1207,7 +1204,7 @@ def configure(**overrides: Any) -> Config:
     with _lock:
         _state.apply_config(cfg)
         old, _pipeline = _pipeline, None
-        _state.sink = _LAZY
+        _state.sink = _state.STARTS_PIPELINE
     if old is not None:
         old.close_soon()
     if not cfg.disabled:
@@ -1269,7 +1266,7 @@ def _detach() -> Pipeline | None:
     with _lock:
         pipeline, _pipeline = _pipeline, None
         if pipeline is not None:
-            _state.sink = _LAZY
+            _state.sink = _state.STARTS_PIPELINE
     if pipeline is not None:
         _last_stats[0] = pipeline
     return pipeline
@@ -1320,7 +1317,7 @@ def _after_fork_in_child() -> None:
     _lock = threading.RLock()
     if _pipeline is not None:
         _pipeline = None
-        _state.sink = _LAZY
+        _state.sink = _state.STARTS_PIPELINE
     _last_stats[0] = None
 
 
