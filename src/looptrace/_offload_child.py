@@ -174,7 +174,8 @@ def _deliver(
     return "answered", answer, dict(counts)
 
 
-_connections: dict[tuple[str, float], http.client.HTTPConnection] = {}
+# Per destination: its connection, and the request target (path and query) to POST to.
+_connections: dict[tuple[str, float], tuple[http.client.HTTPConnection, str]] = {}
 
 
 def post(dest: Destination, body: bytes, headers: dict[str, str]) -> tuple[int, str | None, bytes]:
@@ -188,16 +189,15 @@ def post(dest: Destination, body: bytes, headers: dict[str, str]) -> tuple[int, 
     send buffer, about 14 MB of copying per 2.5 MB body). httpx also took a third of a
     worker's start-up to import."""
     key = (dest.url, dest.timeout)
-    conn = _connections.get(key)
-    if conn is not None and conn.sock is not None and _closed_by_peer(conn.sock):
+    entry = _connections.get(key)
+    if entry is None:
+        entry = _connections[key] = _connect(dest)
+    conn, path = entry
+    if conn.sock is not None and _closed_by_peer(conn.sock):
         conn.close()  # the server ended the kept-alive connection while it was idle
-    if conn is None:
-        conn = _connections[key] = _connect(dest)
     try:
         if conn.sock is None:
             _open(conn)
-        target = urllib.parse.urlsplit(dest.url)
-        path = (target.path or "/") + (f"?{target.query}" if target.query else "")
         conn.request("POST", path, body, headers)
         response = conn.getresponse()
         detail = response.read(_ANSWER_BYTES)
@@ -209,16 +209,19 @@ def post(dest: Destination, body: bytes, headers: dict[str, str]) -> tuple[int, 
         raise
 
 
-def _connect(dest: Destination) -> http.client.HTTPConnection:
+def _connect(dest: Destination) -> tuple[http.client.HTTPConnection, str]:
     url = urllib.parse.urlsplit(dest.url)
     host = url.hostname or ""
+    path = (url.path or "/") + (f"?{url.query}" if url.query else "")
     # The port always given: without one, http.client reads an IPv6 address's last group
     # as a port.
     if url.scheme == "https":
-        return http.client.HTTPSConnection(
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection(
             host, url.port or 443, timeout=dest.timeout, context=ssl_context()
         )
-    return http.client.HTTPConnection(host, url.port or 80, timeout=dest.timeout)
+    else:
+        conn = http.client.HTTPConnection(host, url.port or 80, timeout=dest.timeout)
+    return conn, path
 
 
 def _open(conn: http.client.HTTPConnection) -> None:
