@@ -318,6 +318,30 @@ async def test_many_medium_strings_reach_the_server_whole(
     assert gzip.decompress(server.requests[0].body) == expected_body(span, "protobuf")
 
 
+@pytest.mark.parametrize("compression", ["gzip", "none"])
+async def test_large_payloads_go_out_uncompressed_and_whole(
+    offloader: Offloader, server: OtlpTestServer, compression: str
+) -> None:
+    """A body the compression probe turns down (base64 of noise), or with compression off,
+    goes out as it is: the worker sends the payloads' JSON without joining it into one body,
+    and the server still gets the parent's request byte for byte, with its length."""
+    import base64
+    import random
+
+    rng = random.Random(5)
+    span = big_span()
+    span.inputs = {"image": base64.b64encode(rng.randbytes(1_200_000)).decode()}
+    span.output = {"thumb": base64.b64encode(rng.randbytes(150_000)).decode(), "ok": True}
+    dest = Destination(
+        server.endpoint, {}, 5.0, "protobuf", compression, _otlp.default_resource(CFG)
+    )
+    outcome = await offloader.deliver(offloader.job(span, CFG, "protobuf", 0), dest)
+    assert isinstance(outcome, Response) and outcome.status == 200
+    (received,) = server.requests
+    assert "content-encoding" not in received.headers
+    assert received.body == expected_body(span, "protobuf")
+
+
 async def test_value_the_worker_cannot_rebuild_comes_back_encoded(
     offloader: Offloader, server: OtlpTestServer
 ) -> None:

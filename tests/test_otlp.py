@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import itertools
 import json
 import math
 import struct
@@ -903,6 +904,49 @@ def test_compression_probe_decides_as_the_whole_body_would(kind: str) -> None:
         assert gzip.decompress(packed) == body
     else:
         assert (packed, enc) == (body, None)
+
+
+@pytest.mark.parametrize("sizes", [(0, 0), (40, 0), (0, 200_000), (90_000, 300_000)])
+def test_span_in_pieces_is_the_joined_encoding(sizes: tuple[int, int]) -> None:
+    """A worker writes a span's payload JSON into the request as it is: the pieces join to
+    exactly the request the general route builds (``finish``, then ``encode_span``), events,
+    links and status included, and a large payload is one of the pieces, not a copy."""
+    from looptrace import _serialize
+
+    cfg = Config()
+    pol = _serialize.policy(cfg)
+    n_in, n_out = sizes
+    inputs = (n_in > 0, {"prompt": "é" + "p" * n_in, "api_key": "sk-1"})
+    output = (n_out > 0, ["q" * n_out, 3])
+    payloads = _serialize.finish_payloads(full_span(), inputs, output, pol, 10**9)
+    pieces = _otlp.request_pieces(_otlp.span_pieces(full_span(), payloads), RESOURCE)
+    wire = _serialize.finish(full_span(), inputs, output, pol, 10**9)
+    assert b"".join(pieces) == request([wire], "protobuf")
+    for _, _, body in payloads:
+        assert (len(body) >= 64 * 1024) == any(p is body for p in pieces)
+    small = [len(p) < 64 * 1024 for p in pieces]
+    assert not any(a and b for a, b in itertools.pairwise(small))  # runs of small ones are joined
+
+
+@settings(max_examples=60, deadline=None)
+@given(cuts=st.lists(st.integers(0, 1_200_000), max_size=6), noise=st.booleans())
+def test_compression_of_pieces_decides_and_packs_as_the_whole_body(
+    cuts: list[int], noise: bool
+) -> None:
+    """However a body is cut into pieces, compressing them takes the probe's same samples to
+    the same verdict, and gives the bytes compressing the whole would."""
+    import random
+
+    rng = random.Random(len(cuts))
+    text = base64.b64encode(rng.randbytes(900_000)) if noise else b"abcd efgh " * 90_000
+    body = text + b"}" * 300_000
+    bounds = sorted({0, len(body), *(c for c in cuts if c < len(body))})
+    pieces = [body[a:b] for a, b in itertools.pairwise(bounds)] + [b""]
+    assert _otlp._worth_compressing(pieces, len(body)) == _otlp._worth_compressing(
+        [body], len(body)
+    )
+    packed, enc = _otlp.compress_pieces(pieces, "gzip")
+    assert (b"".join(packed), enc) == compress(body, "gzip")
 
 
 def test_gzip_output_is_standard_gzip() -> None:

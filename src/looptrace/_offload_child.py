@@ -157,14 +157,18 @@ def _deliver(
             if left[0]:
                 raise LookupError(f"{left[0]} ring slot(s) not found")
         with _serialize.counted() as counts:
-            wire = _serialize.finish(wire, inputs, output, pol, max_span_bytes)
-        chunk = _otlp.encode_span(wire, dest.encoding)
-        body = _otlp.encode_request([chunk], dest.resource, dest.encoding)
+            if dest.encoding == "protobuf":
+                # The payloads' JSON goes out as orjson wrote it: no str, no joined copy.
+                payloads = _serialize.finish_payloads(wire, inputs, output, pol, max_span_bytes)
+                body = _otlp.request_pieces(_otlp.span_pieces(wire, payloads), dest.resource)
+            else:
+                wire = _serialize.finish(wire, inputs, output, pol, max_span_bytes)
+                chunk = _otlp.encode_span(wire, dest.encoding)
+                body = [_otlp.encode_request([chunk], dest.resource, dest.encoding)]
         headers = {**dest.headers, "Content-Type": _otlp.content_type(dest.encoding)}
-        if dest.compression != "none":
-            body, content_encoding = _otlp.compress(body, dest.compression)
-            if content_encoding:
-                headers["Content-Encoding"] = content_encoding
+        body, content_encoding = _otlp.compress_pieces(body, dest.compression)
+        if content_encoding:
+            headers["Content-Encoding"] = content_encoding
     except Exception as exc:
         return "error", type(exc).__name__, {}
     try:
@@ -178,10 +182,12 @@ def _deliver(
 _connections: dict[tuple[str, float], tuple[http.client.HTTPConnection, str]] = {}
 
 
-def post(dest: Destination, body: bytes, headers: dict[str, str]) -> tuple[int, str | None, bytes]:
-    """POST ``body`` to ``dest`` over a kept-alive connection; ``(status, Retry-After, the
-    start of the answer's body)``. Raises ``OSError`` or ``http.client.HTTPException`` when
-    no answer came; the connection is then dropped.
+def post(
+    dest: Destination, body: list[bytes], headers: dict[str, str]
+) -> tuple[int, str | None, bytes]:
+    """POST the pieces of ``body`` to ``dest`` over a kept-alive connection; ``(status,
+    Retry-After, the start of the answer's body)``. Raises ``OSError`` or
+    ``http.client.HTTPException`` when no answer came; the connection is then dropped.
 
     http.client, not httpx: a worker sends one request at a time and needs no pool, and
     http.client hands the body to the kernel in one ``sendall``, where httpcore's synchronous
@@ -198,6 +204,8 @@ def post(dest: Destination, body: bytes, headers: dict[str, str]) -> tuple[int, 
     try:
         if conn.sock is None:
             _open(conn)
+        # With its length given, http.client sends the pieces one after another as they are.
+        headers["Content-Length"] = str(sum(map(len, body)))
         conn.request("POST", path, body, headers)
         response = conn.getresponse()
         detail = response.read(_ANSWER_BYTES)
@@ -226,6 +234,9 @@ def _connect(dest: Destination) -> tuple[http.client.HTTPConnection, str]:
 
 def _open(conn: http.client.HTTPConnection) -> None:
     conn.connect()
+    # A body goes out in a few sends (headers, then pieces): without this, Nagle's algorithm
+    # may hold a short piece back until the previous one is acknowledged.
+    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if is_loopback(conn.host):
         conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, LOOPBACK_SNDBUF)
 

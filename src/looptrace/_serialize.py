@@ -950,21 +950,34 @@ def finish(
     max_span_bytes: int,
 ) -> WireSpan:
     """Serialize the payloads into ``wire`` and apply the per-span cap."""
+    attrs = wire.attributes
+    for key, mime, body in finish_payloads(wire, inputs, output, pol, max_span_bytes):
+        attrs.append((key, body.decode("utf-8")))
+        attrs.append((mime, JSON_MIME))
+    return wire
+
+
+def finish_payloads(
+    wire: WireSpan,
+    inputs: tuple[bool, Any],
+    output: tuple[bool, Any],
+    pol: Policy,
+    max_span_bytes: int,
+) -> list[tuple[str, str, bytes]]:
+    """The payloads :func:`finish` adds to ``wire``, as (key, mime-type key, JSON), cut to
+    the per-span cap: for an encoder that writes the JSON as it is."""
     payloads: list[tuple[str, str, bytes]] = []
     if inputs[0]:
         payloads.append((INPUT_VALUE, INPUT_MIME_TYPE, _dumps(inputs[1], pol)))
     if output[0]:
         payloads.append((OUTPUT_VALUE, OUTPUT_MIME_TYPE, _dumps(output[1], pol)))
-    if payloads:
-        attrs = wire.attributes
-        text_len = 0
-        for _, v in attrs:
-            if type(v) is str:
-                text_len += len(v)
-        for key, mime, body in capped(payloads, text_len, max_span_bytes):
-            attrs.append((key, body.decode("utf-8")))
-            attrs.append((mime, JSON_MIME))
-    return wire
+    if not payloads:
+        return payloads
+    text_len = 0
+    for _, v in wire.attributes:
+        if type(v) is str:
+            text_len += len(v)
+    return capped(payloads, text_len, max_span_bytes)
 
 
 def capped(
