@@ -183,6 +183,34 @@ async def test_killed_worker_is_replaced_once_then_inline() -> None:
         off.shutdown(wait=True)
 
 
+async def test_spans_arriving_together_start_the_pool_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first large spans come together (one per request slot): they share one start, on
+    one executor thread, and a span whose sender is cancelled meanwhile does not stop it."""
+    starts: list[str] = []
+    original = Offloader._start
+
+    def counted(self: Offloader) -> None:
+        starts.append(threading.current_thread().name)
+        original(self)
+
+    monkeypatch.setattr(Offloader, "_start", counted)
+    off = Offloader(workers=1)
+    try:
+        gave_up = asyncio.ensure_future(off.encode(big_span(span_id=9), CFG, "protobuf"))
+        await asyncio.sleep(0)
+        gave_up.cancel()
+        spans = [big_span(span_id=i) for i in range(2, 6)]
+        bodies = await asyncio.gather(*(off.encode(s, CFG, "protobuf") for s in spans))
+        assert bodies == [inline(s) for s in spans]
+        assert len(starts) == 1
+        assert off.state == "running"
+        assert off.stats["offloaded"] == 4
+    finally:
+        off.shutdown(wait=True)
+
+
 async def test_no_subprocesses_means_inline(monkeypatch: pytest.MonkeyPatch) -> None:
     """When no worker can start, every span is serialized inline, counted as unavailable."""
 

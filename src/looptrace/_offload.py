@@ -151,6 +151,8 @@ class Offloader:
         self._state = "unstarted"
         self._replaced = False
         self._lock = threading.Lock()
+        # The start in progress, shared by every span that needs the pool meanwhile.
+        self._starting: asyncio.Task[None] | None = None
 
     @property
     def state(self) -> str:
@@ -327,14 +329,24 @@ class Offloader:
 
     async def _ensure_pool(self) -> _workers.Pool | None:
         if self._state in ("unstarted", "broken"):
-            try:
-                await asyncio.to_thread(self._start)
-            except RuntimeError:
-                # Interpreter exit: no new threads to start the pool from, and no time to.
-                with self._lock:
-                    if self._state in ("unstarted", "broken"):
-                        self._state = "unavailable"
+            # One start, awaited by all: the first large spans arrive together (one sender per
+            # request slot), and each start of its own took a thread from the loop's executor,
+            # whose creation blocks the loop for 0.4-3 ms.
+            loop = asyncio.get_running_loop()
+            starting = self._starting
+            if starting is None or starting.done() or starting.get_loop() is not loop:
+                starting = self._starting = loop.create_task(self._start_off_loop())
+            await asyncio.shield(starting)
         return self._pool if self._state == "running" else None
+
+    async def _start_off_loop(self) -> None:
+        try:
+            await asyncio.to_thread(self._start)
+        except RuntimeError:
+            # Interpreter exit: no new threads to start the pool from, and no time to.
+            with self._lock:
+                if self._state in ("unstarted", "broken"):
+                    self._state = "unavailable"
 
     def _start(self) -> None:
         with self._lock:
