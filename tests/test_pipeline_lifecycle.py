@@ -214,6 +214,35 @@ def test_in_progress_is_off_for_other_backends_by_default(server: OtlpTestServer
     assert server.accepted_record_count == 4
 
 
+@pytest.mark.parametrize("configured", [True, False])
+async def test_first_flush_after_configure_hands_nothing_to_a_thread(
+    server: OtlpTestServer, monkeypatch: pytest.MonkeyPatch, configured: bool
+) -> None:
+    """configure() is the start-up call: after it, the first flush on the application's loop
+    sets up the encoder right there; a thread for it would hold the GIL against the loop.
+    Without it (a pipeline built by hand), that setup still goes to a thread. Either way the
+    spans arrive."""
+    handed: list[object] = []
+    real = _pipeline.off_loop
+
+    async def watched(fn: object, *args: object) -> object:
+        handed.append(fn)
+        return await real(fn, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_pipeline, "off_loop", watched)
+    if configured:
+        looptrace.configure(endpoint=server.endpoint, flush_interval=0.05, offload=True)
+        make_spans(3)
+    else:
+        monkeypatch.setattr(_pipeline, "_serialize_ready", lambda cfg: False)
+        use(server)
+        make_spans(3)
+    assert (await looptrace.flush(5)).ok
+    assert server.accepted_span_count == 3
+    loads = [fn for fn in handed if getattr(fn, "__name__", "") == "_load_codec"]
+    assert len(loads) == (0 if configured else 1)
+
+
 async def test_shutdown_flushes_then_stops(server: OtlpTestServer) -> None:
     """shutdown() sends what is held, stops the flusher, and leaves the statistics readable;
     the next span starts a fresh pipeline."""

@@ -260,6 +260,19 @@ class Pipeline:
             max_connections=cfg.max_concurrent_requests,
         )
 
+    async def _ensure_codec(self) -> None:
+        if self._codec_loaded:
+            return
+        if _serialize_ready(self.cfg):
+            # configure() did the slow part (imports, the redaction patterns): the rest takes
+            # a fraction of a millisecond, less than starting a thread to do it in, and a
+            # thread doing Python work holds the GIL against this loop for up to 5 ms at a time.
+            self._load_codec()
+        else:
+            # Imports and the patterns take tens of milliseconds: off the loop, while the
+            # first batch gathers.
+            await off_loop(self._load_codec)
+
     def _load_codec(self) -> None:
         from . import _otlp
 
@@ -403,10 +416,7 @@ class Pipeline:
     async def _run_home(self, home: _Home) -> None:
         with suppress_tracing():
             try:
-                if not self._codec_loaded:
-                    # Imports take tens of milliseconds: off the loop, while the first batch
-                    # gathers.
-                    await off_loop(self._load_codec)
+                await self._ensure_codec()
                 await self._flusher_loop(home)
             except asyncio.CancelledError:
                 if not home.stopping and home.loop is not None:
@@ -485,9 +495,7 @@ class Pipeline:
 
     async def _drain(self, home: _Home) -> None:
         """Send everything pending now, as slots free up; never wait for a request otherwise."""
-        if not self._codec_loaded:
-            # Imports (the serializer, the codec, the offloader) take tens of milliseconds.
-            await off_loop(self._load_codec)
+        await self._ensure_codec()
         assert home.slots is not None
         slots = home.slots
         cfg = self.cfg
@@ -1211,11 +1219,22 @@ def configure(**overrides: Any) -> Config:
         # configure() is a start-up call: import the export modules here, once, rather than
         # in a worker thread during the first drain, where an import holds the GIL against the
         # application's loop for tens of milliseconds.
-        from . import _otlp, _serialize  # noqa: F401
+        from . import _encode, _otlp, _serialize  # noqa: F401
 
+        _serialize.policy(cfg)  # compiles the redaction patterns, 3-4 ms
         if cfg.offload:
             from . import _offload  # noqa: F401
     return cfg
+
+
+def _serialize_ready(cfg: Config) -> bool:
+    """Whether the export modules are imported and ``cfg``'s serialization policy is built."""
+    serialize = sys.modules.get("looptrace._serialize")
+    if serialize is None or "looptrace._encode" not in sys.modules:
+        return False
+    if cfg.offload and "looptrace._offload" not in sys.modules:
+        return False
+    return serialize.has_policy(cfg)  # type: ignore[no-any-return]
 
 
 def get_config() -> Config:

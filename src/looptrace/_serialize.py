@@ -306,6 +306,11 @@ _policies: dict[tuple[Any, ...], Policy] = {}
 _last: tuple[Any, Policy] | None = None
 
 
+def has_policy(cfg: Config) -> bool:
+    """Whether :func:`policy` has ``cfg``'s policy built already."""
+    return (cfg.max_value_bytes, cfg.max_depth, cfg.redact, cfg.redact_keys) in _policies
+
+
 def policy(cfg: Config) -> Policy:
     """The :class:`Policy` for a config (cached: configs are immutable)."""
     global _last
