@@ -25,7 +25,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from . import _otlp, _serialize
-from ._semconv import INPUT_MIME_TYPE, INPUT_VALUE, JSON_MIME, OUTPUT_MIME_TYPE, OUTPUT_VALUE
+from ._semconv import INPUT_MIME_TYPE, INPUT_VALUE, OUTPUT_MIME_TYPE, OUTPUT_VALUE
 from ._span import UNSET, CallSite, Span
 from ._wire import AttrValue
 
@@ -65,13 +65,8 @@ _span_attributes = _otlp.span_attributes
 _string_attribute = _otlp.string_attribute
 _dumps = _serialize._dumps
 _FLAGS = (_otlp.span_tail(0, "", False), _otlp.span_tail(0, "", True))
-_JSON_MIME = JSON_MIME.encode()
-_MIME_PIECE = {
-    INPUT_MIME_TYPE: b"".join(_string_attribute(INPUT_MIME_TYPE, _JSON_MIME)),
-    OUTPUT_MIME_TYPE: b"".join(_string_attribute(OUTPUT_MIME_TYPE, _JSON_MIME)),
-}
-_IN_MIME = _MIME_PIECE[INPUT_MIME_TYPE]
-_OUT_MIME = _MIME_PIECE[OUTPUT_MIME_TYPE]
+_IN_MIME = _otlp.MIME_PIECE[INPUT_MIME_TYPE]
+_OUT_MIME = _otlp.MIME_PIECE[OUTPUT_MIME_TYPE]
 
 
 class _SiteBlock:
@@ -263,9 +258,9 @@ class SpanEncoder:
                 payloads.append((INPUT_VALUE, INPUT_MIME_TYPE, body_in))
             if has_out:
                 payloads.append((OUTPUT_VALUE, OUTPUT_MIME_TYPE, body_out))
-            for key, mime, body in _serialize.capped(payloads, text_len, self.max_span_bytes):
-                parts += _string_attribute(key, body)
-                parts.append(_MIME_PIECE[mime])
+            _otlp.payload_attributes(
+                _serialize.capped(payloads, text_len, self.max_span_bytes), parts
+            )
         if span.status_code or span.status_message:
             parts.append(
                 _otlp.span_tail(span.status_code, span.status_message, span.parent_is_remote)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
-from ._semconv import INPUT_VALUE, JSON_MIME, OUTPUT_VALUE
+from ._semconv import INPUT_MIME_TYPE, INPUT_VALUE, JSON_MIME, OUTPUT_MIME_TYPE, OUTPUT_VALUE
 from ._wire import Attributes, DecodedSpan, WireSpan
 
 if TYPE_CHECKING:
@@ -411,6 +411,21 @@ def string_attribute(key: str, value: bytes) -> tuple[bytes, ...]:
     return (b"\x4a" + _varint(len(kp) + len(nav) + av_len) + kp + nav + b"\x0a" + nv, value)
 
 
+# The whole span attribute that says a payload is JSON, for the input and for the output.
+MIME_PIECE = {
+    key: b"".join(string_attribute(key, JSON_MIME.encode()))
+    for key in (INPUT_MIME_TYPE, OUTPUT_MIME_TYPE)
+}
+
+
+def payload_attributes(payloads: Sequence[tuple[str, str, bytes]], parts: list[bytes]) -> None:
+    """Append each payload, (key, mime-type key, JSON), as its string attribute followed by
+    its mime type: what ``finish`` adds to a span's attributes, from the JSON as it is."""
+    for key, mime, body in payloads:
+        parts += string_attribute(key, body)
+        parts.append(MIME_PIECE[mime])
+
+
 def span_tail(status_code: int, status_message: str, parent_is_remote: bool) -> bytes:
     """The ``Span`` fields after events and links: status (15) and flags (16)."""
     # Every exported span was sampled; whether its parent is remote is known, so say so.
@@ -448,9 +463,7 @@ def span_pieces(w: WireSpan, payloads: Sequence[tuple[str, str, bytes]] = ()) ->
         w.end_ns,
     )
     span_attributes(w.attributes, parts)
-    for key, mime, body in payloads:
-        parts += string_attribute(key, body)
-        span_attributes([(mime, JSON_MIME)], parts)
+    payload_attributes(payloads, parts)
     append = parts.append
     if w.dropped_attributes:
         append(b"\x50" + _varint(w.dropped_attributes))
