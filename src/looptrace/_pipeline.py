@@ -495,7 +495,6 @@ class Pipeline:
 
     async def _drain(self, home: _Home) -> None:
         """Send everything pending now, as slots free up; never wait for a request otherwise."""
-        await self._ensure_codec()
         assert home.slots is not None
         slots = home.slots
         cfg = self.cfg
