@@ -137,7 +137,9 @@ def _bind_memmem() -> None:
     try:
         import ctypes
 
-        fn = ctypes.CDLL(None).memmem
+        # PyDLL: the call keeps the GIL. Through CDLL it let go of it, and on the loop's thread
+        # the compression thread then took it for up to a switch interval (5 ms) per call.
+        fn = ctypes.PyDLL(None).memmem
         fn.restype = ctypes.c_void_p
         fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
         address = ctypes.cast
