@@ -21,6 +21,7 @@ import dataclasses
 import datetime
 import decimal
 import enum
+import functools
 import ipaddress
 import logging
 import re
@@ -126,14 +127,11 @@ def _segments(text: str) -> tuple[str, ...]:
     return tuple(m.lower() for m in re.findall(r"[A-Z]+[a-z]*|[a-z]+", text))
 
 
-def _bind_memmem() -> None:
-    """Find the C library's ``memmem`` once per process (a policy's construction does it, so
-    that the ``ctypes`` import, about 6 ms, happens in configure() or a thread, not on the
-    loop at the first large value)."""
-    global _memmem, _memmem_bound
-    if _memmem_bound:
-        return
-    _memmem_bound = True
+@functools.cache
+def _memmem() -> Callable[[bytes], Callable[[bytes, int], int]] | None:
+    """A finder over the C library's ``memmem``, or None where there is none; bound once per
+    process, when a policy is built, so that the ``ctypes`` import (about 6 ms) happens in
+    configure() or a thread, not on the loop at the first large value."""
     try:
         import ctypes
 
@@ -145,7 +143,7 @@ def _bind_memmem() -> None:
         address = ctypes.cast
         pointer, void_p = ctypes.c_char_p, ctypes.c_void_p
     except Exception:  # no ctypes, no shared C library (Windows), no memmem
-        return
+        return None
 
     def finder(text: bytes) -> Callable[[bytes, int], int]:
         # c_char_p points into the bytes object itself (no copy); ``text`` outlives the calls.
@@ -160,18 +158,13 @@ def _bind_memmem() -> None:
 
         return find
 
-    _memmem = finder
-
-
-_memmem: Callable[[bytes], Callable[[bytes, int], int]] | None = None
-_memmem_bound = False
+    return finder
 
 
 def _finder(text: bytes) -> Callable[[bytes, int], int]:
     """``text.find(needle, start)``, by memmem for long texts where the platform has it."""
-    if _memmem is not None and len(text) >= _MEMMEM_BYTES:
-        return _memmem(text)
-    return text.find
+    memmem = _memmem() if len(text) >= _MEMMEM_BYTES else None
+    return memmem(text) if memmem is not None else text.find
 
 
 def _letters(segment: str) -> bytes:
@@ -222,7 +215,7 @@ class Policy:
         self._plain_keys: set[str] = set()
         self._raw_cache: dict[bytes, bool] = {}
         self.default: Callable[[Any], Any] = self._default
-        _bind_memmem()
+        _memmem()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Policy, (self.max_value_bytes, self.max_depth, self.redact, self.redact_keys))
