@@ -91,19 +91,3 @@ def test_secret_key_scan(benchmark: Any, name: str, make: Any) -> None:
     pol = _serialize.policy(CFG)
     assert not pol.maybe_secret(out)  # none of them holds a secret key
     benchmark(pol.maybe_secret, out)
-
-
-@pytest.mark.parametrize("finder", ["memmem", "bytes.find"])
-def test_secret_key_scan_finder(benchmark: Any, finder: str, monkeypatch: Any) -> None:
-    """The word scan over 165 KB of rows, by the C library's memmem and by ``bytes.find`` (the
-    fallback where there is no memmem), side by side in one run."""
-    import orjson
-
-    out = orjson.dumps(structure_payload(165_000))
-    pol = _serialize.policy(CFG)
-    if finder == "bytes.find":
-        monkeypatch.setattr(_serialize, "_memmem", lambda: None)
-    else:
-        assert _serialize._memmem() is not None, "no memmem on this platform"
-    assert not pol.maybe_secret(out)
-    benchmark(pol.maybe_secret, out)

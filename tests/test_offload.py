@@ -1,8 +1,10 @@
-"""The worker-process offload: identical bytes, every fallback, and unguarded scripts."""
+"""The worker-process offload: identical bytes, every fallback, any event loop, and unguarded
+scripts under every start method."""
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -124,25 +126,54 @@ async def test_payload_larger_than_the_pipe_arrives_whole(pool: Offloader) -> No
     assert len(body) > 3_000_000 and body == inline(span)
 
 
-async def test_the_pool_adds_no_threads(pool: Offloader) -> None:
-    """Spans go to the worker and come back without any thread in this process: the loop
-    writes the calls and reads the answers itself."""
-    await pool.ready()
-    before = {t.ident for t in threading.enumerate()}
-    for span_id in range(2, 5):
-        await pool.encode(big_span(span_id=span_id), CFG, "protobuf")
-    assert {t.ident for t in threading.enumerate()} == before
+async def test_large_values_of_every_kind_travel_raw_and_arrive_the_same(
+    pool: Offloader,
+) -> None:
+    """Large strings (ASCII, non-ASCII, a lone surrogate), bytes and bytearrays, one of them
+    met twice, travel after the pickle and come out as the inline path would encode them."""
+    text = "é" * 70_000 + "\ud800" + "x" * 70_000
+    blob = bytes(range(256)) * 400
+    span = big_span({"t": text, "again": text, "b": blob, "ba": bytearray(blob), "n": 1})
+    before = pool.stats["offloaded"]
+    assert await pool.encode(span, CFG, "json") == inline(span, "json")
+    assert pool.stats["offloaded"] == before + 1
 
 
-async def test_a_second_running_loop_serializes_inline(pool: Offloader) -> None:
-    """The pool serves one running loop at a time: a span from a loop in another thread,
-    while this one runs, is serialized there, inline, with the reason counted."""
-    await pool.encode(big_span(), CFG, "protobuf")  # this loop serves the pool now
+class _NoPipesLoop(asyncio.SelectorEventLoop):
+    """An event loop that cannot watch pipes or sockets' readiness by callback, as Windows'
+    proactor loop cannot."""
+
+    def add_reader(self, *args: Any) -> None:  # type: ignore[override]
+        raise NotImplementedError
+
+    def add_writer(self, *args: Any) -> None:  # type: ignore[override]
+        raise NotImplementedError
+
+
+def test_a_loop_that_cannot_watch_pipes_still_offloads(pool: Offloader) -> None:
+    """Offload never depends on ``loop.add_reader`` (which Windows' proactor loop lacks):
+    spans from such a loop are serialized in the worker, not silently inline."""
+    loop = _NoPipesLoop()
+    try:
+        before = dict(pool.stats)
+        body = loop.run_until_complete(pool.encode(big_span(span_id=7), CFG, "protobuf"))
+    finally:
+        loop.close()
+    assert body == inline(big_span(span_id=7))
+    assert pool.stats["offloaded"] == before.get("offloaded", 0) + 1
+    assert sum(pool.stats.values()) == sum(before.values()) + 1  # no fallback counted
+
+
+async def test_two_running_loops_share_the_pool(pool: Offloader) -> None:
+    """A span from a loop in another thread, while this one runs, goes to the same workers."""
+    await pool.encode(big_span(), CFG, "protobuf")
     span = big_span(span_id=9)
-    before = pool.stats["other_loop"]
-    body = await asyncio.to_thread(asyncio.run, pool.encode(span, CFG, "protobuf"))
-    assert body == inline(span)
-    assert pool.stats["other_loop"] == before + 1
+    before = pool.stats["offloaded"]
+    here = pool.encode(big_span(span_id=10), CFG, "protobuf")
+    there = asyncio.to_thread(asyncio.run, pool.encode(span, CFG, "protobuf"))
+    bodies = await asyncio.gather(here, there)
+    assert bodies == [inline(big_span(span_id=10)), inline(span)]
+    assert pool.stats["offloaded"] == before + 2
 
 
 def test_the_pool_follows_the_loop_that_runs(pool: Offloader) -> None:
@@ -164,7 +195,7 @@ async def test_killed_worker_is_replaced_once_then_inline() -> None:
     off = Offloader(workers=1)
     try:
         assert await off.encode(big_span(), CFG, "protobuf") == inline(big_span())
-        os.kill(off.worker_pids()[0], signal.SIGKILL)
+        kill(off.worker_pids()[0])
         body = await off.encode(big_span(span_id=3), CFG, "protobuf")
         assert body == inline(big_span(span_id=3))
         assert off.stats["broken_pool"] == 1
@@ -173,7 +204,7 @@ async def test_killed_worker_is_replaced_once_then_inline() -> None:
         assert await off.encode(big_span(span_id=4), CFG, "protobuf") == inline(big_span(span_id=4))
         assert off.state == "running"
         assert off.stats["offloaded"] == 2
-        os.kill(off.worker_pids()[0], signal.SIGKILL)
+        kill(off.worker_pids()[0])
         await off.encode(big_span(span_id=5), CFG, "protobuf")
         assert off.state == "retired"
         assert await off.encode(big_span(span_id=6), CFG, "protobuf") == inline(big_span(span_id=6))
@@ -233,9 +264,9 @@ async def test_after_shutdown_spans_go_inline() -> None:
     assert off.stats["shutdown"] == 1
 
 
-def test_start_method_is_not_fork() -> None:
-    """The pool never forks a threaded parent."""
-    assert _offload.start_method() == "spawn"
+def kill(pid: int) -> None:
+    """End a process at once, on any platform (SIGKILL on POSIX, TerminateProcess on Windows)."""
+    os.kill(pid, getattr(signal, "SIGKILL", signal.SIGTERM))
 
 
 def test_unguarded_script_runs_once(tmp_path: Path) -> None:
@@ -361,3 +392,71 @@ def test_workers_exit_when_the_application_is_killed(tmp_path: Path) -> None:
     while not all(_exited(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(_exited(pid) for pid in pids)
+
+
+@pytest.mark.parametrize("method", multiprocessing.get_all_start_methods())
+def test_traced_unguarded_script_under_each_start_method(tmp_path: Path, method: str) -> None:
+    """A traced script with no ``__main__`` guard, whatever start method it gives
+    ``multiprocessing``, runs its top level once, offloads its large payloads, and every span
+    reaches the backend."""
+    from otlp_server import OtlpTestServer
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import asyncio, multiprocessing
+            import looptrace
+
+            multiprocessing.set_start_method({method!r}, force=True)
+            print("top-level", flush=True)
+
+            @looptrace.traced
+            async def handle(request):
+                return len(request.get("image", ""))
+
+            async def main():
+                for i in range(3):
+                    await handle({{"i": i, "image": "QUJD" * 200_000}})
+                await handle({{"i": "small"}})
+                result = await looptrace.flush(timeout=60)
+                print("flushed", result.ok, looptrace.statistics().offload.offloaded)
+
+            asyncio.run(main())
+            """
+        )
+    )
+    with OtlpTestServer() as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOPTRACE_", "OTEL_"))}
+        env["LOOPTRACE_ENDPOINT"] = server.endpoint
+        done = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.count("top-level") == 1
+        assert "flushed True 3" in done.stdout
+        assert server.wait_for_spans(4)
+        assert server.accepted_span_count == 4
+
+
+async def test_statistics_show_the_offload(tmp_path: Path) -> None:
+    """``looptrace.statistics().offload`` counts spans serialized by workers, the fallbacks
+    by reason, and the workers running."""
+    import looptrace
+
+    looptrace.configure(store_path=str(tmp_path / "t.db"), flush_interval=0.05)
+
+    @looptrace.traced
+    def handle(request: Any) -> int:
+        return len(request)
+
+    handle("x" * 400_000)
+    handle({"lock": threading.Lock(), "image": "y" * 400_000})
+    assert (await looptrace.flush(timeout=60)).ok
+    stats = looptrace.statistics().offload
+    assert stats.offloaded == 1
+    assert stats.fallbacks["unpicklable"] == 1
+    assert sum(stats.fallbacks.values()) == 1
+    assert stats.workers_alive >= 1
+    await looptrace.shutdown()
+    assert looptrace.statistics().offload.workers_alive == 0

@@ -7,7 +7,6 @@ import asyncio
 import gc
 import gzip
 import os
-import signal
 import urllib.parse
 from collections.abc import Iterator
 from typing import Any
@@ -15,8 +14,9 @@ from typing import Any
 import pytest
 
 import looptrace
-from looptrace import _offload, _otlp, _pipeline, _ring, _serialize
+from looptrace import _otlp, _pipeline, _serialize
 from looptrace._config import Config
+from looptrace._net import HttpSettings
 from looptrace._offload import Destination, Offloader
 from looptrace._span import Span
 from looptrace._transport import Response, RetryPolicy
@@ -24,7 +24,7 @@ from otlp_server import OtlpTestServer
 from pipeline_support import checked_server, install_pipeline
 
 CFG = Config()
-IMAGE = "QUJD" * 100_000  # 400 KB of base64: read directly, or through the ring
+IMAGE = "QUJD" * 100_000  # 400 KB of base64: sent raw, after the pickle
 RAW = bytes(range(256)) * 400  # 100 KB of bytes: the same
 
 
@@ -46,22 +46,24 @@ def expected_body(span: Span, encoding: str) -> bytes:
     return _otlp.encode_request([chunk], _otlp.default_resource(CFG), encoding)
 
 
-def destination(server: OtlpTestServer, encoding: str = "protobuf", **headers: str) -> Destination:
-    return Destination(server.endpoint, headers, 5.0, encoding, "gzip", _otlp.default_resource(CFG))
+def destination(
+    server: OtlpTestServer, encoding: str = "protobuf", compression: str = "gzip", **headers: str
+) -> Destination:
+    http = HttpSettings(server.endpoint, tuple(headers.items()), 5.0)
+    return Destination(http, encoding, compression, _otlp.default_resource(CFG))
 
 
-@pytest.fixture(scope="module", params=["direct", "ring"])
-def offloader(request: pytest.FixtureRequest) -> Iterator[Offloader]:
-    """Each test twice: with direct reads where this kernel allows them, and with the ring
-    alone (as where it does not)."""
+def kill(pid: int) -> None:
+    """End a process at once, on any platform (SIGKILL on POSIX, TerminateProcess on Windows)."""
+    import signal
+
+    os.kill(pid, getattr(signal, "SIGKILL", signal.SIGTERM))
+
+
+@pytest.fixture(scope="module")
+def offloader() -> Iterator[Offloader]:
     off = Offloader(workers=1)
-    with pytest.MonkeyPatch.context() as patch:
-        if request.param == "ring":
-            patch.setattr(_offload, "_can_read_directly", lambda pool: None)
-        asyncio.run(off.ready())
-    if request.param == "direct" and off._direct is None:
-        off.shutdown(wait=True)
-        pytest.skip("this kernel does not let a worker read its parent's memory")
+    asyncio.run(off.ready())
     yield off
     off.shutdown(wait=True)
 
@@ -88,39 +90,37 @@ async def test_worker_sends_the_bytes_the_parent_would_have_sent(
     assert received.headers["authorization"] == "k"
     assert gzip.decompress(received.body) == expected_body(span, encoding)
     assert b"sk-123" not in gzip.decompress(received.body)
-    ring = offloader._ring
-    if offloader._direct is not None:
-        assert ring is None  # direct reads carry it all; the bytearray was pickled
-    else:
-        assert ring is not None and ring.busy == 0  # every region came back
 
 
-async def test_values_read_directly_outlive_a_caller_that_gave_up(
+async def test_values_sent_raw_outlive_a_caller_that_gave_up(
     offloader: Offloader, server: OtlpTestServer
 ) -> None:
-    """A worker reads a large value from the parent's memory when it gets to the span, which
-    can be after everything else in the parent let go of it (the task that waited was
-    cancelled at shutdown). The request must still carry the value, not freed memory."""
+    """A call waits in the worker's queue while the worker is busy, and the task that awaited
+    it is cancelled (as at shutdown) and the span freed. Its large values were handed over
+    with the call, so the request still carries them whole, not memory reused since."""
     pool = offloader._pool
     assert pool is not None
     server.hold()
-    first = offloader._hand_off(
-        pool, offloader.job(big_span(), CFG, "protobuf", 0), destination(server)
+    first = asyncio.ensure_future(
+        offloader.deliver(offloader.job(big_span(), CFG, "protobuf", 0), destination(server))
     )
-    assert not isinstance(first, bytes)
     assert await asyncio.to_thread(server.wait_for_active, 1)  # the worker is busy with it
     span = Span("big", 1, 3, 0, 1_000)
     span.end_ns = 2_000
     span.inputs = {"image": "".join(["QUJE"] * 100_000), "raw": bytes(RAW[::-1])}
     want = expected_body(span, "protobuf")
-    second = offloader._hand_off(pool, offloader.job(span, CFG, "protobuf", 0), destination(server))
-    assert not isinstance(second, bytes)
+    second = asyncio.ensure_future(
+        offloader.deliver(offloader.job(span, CFG, "protobuf", 0), destination(server))
+    )
+    while sum(ch.queued for ch in pool._channels) < 2:  # handed over: queued behind the first
+        await asyncio.sleep(0.001)
+    second.cancel()
     del span
     gc.collect()
     churn = ["Z" * 400_000 for _ in range(20)]  # reuses memory freed too early, if any was
     server.release()
-    assert (await first)[0] == "answered"
-    assert (await second)[0] == "answered"
+    assert isinstance(await first, Response)
+    assert await asyncio.to_thread(server.wait_for_requests, 2)
     assert gzip.decompress(server.requests[1].body) == want
     assert len(churn) == 20
 
@@ -148,22 +148,10 @@ async def test_no_answer_is_an_error_string(offloader: Offloader) -> None:
     assert isinstance(outcome, str) and "Connect" in outcome
 
 
-def test_a_refused_direct_read_means_the_ring(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the worker's test read fails (here: an address it cannot read, as when the kernel
-    refuses), the pool still runs and large values go through the ring."""
-    monkeypatch.setattr(_ring.Direct, "put", lambda self, v: _ring.Slot(8, 64, _ring._DIRECT_BYTES))
-    off = Offloader(workers=1)
-    try:
-        asyncio.run(off.ready())
-        assert off.state == "running"
-        assert off._direct is None and off._ring is not None
-    finally:
-        off.shutdown(wait=True)
-
-
 def test_destination_repr_hides_headers(server: OtlpTestServer) -> None:
     dest = destination(server, authorization="Bearer sk-secret")
     assert "sk-secret" not in repr(dest) and "redacted" in repr(dest)
+    assert "sk-secret" not in repr(dest.http)
 
 
 @pytest.mark.parametrize(
@@ -179,11 +167,13 @@ def test_destination_repr_hides_headers(server: OtlpTestServer) -> None:
     ],
 )
 def test_only_a_loopback_backend_gets_the_small_send_buffer(url: str, loopback: bool) -> None:
-    """A backend on this machine shares its CPUs, so the worker sends to it in bounded steps; a
-    remote one keeps the kernel's buffer sizing, which a long round trip needs for speed."""
+    """A backend on this machine shares its CPUs, so the worker sends to it in bounded steps
+    (and never through a proxy); a remote one keeps the kernel's buffer sizing, which a long
+    round trip needs for speed."""
     from looptrace._net import is_loopback
 
     assert is_loopback(urllib.parse.urlsplit(url).hostname or "") is loopback
+    assert HttpSettings(url).loopback is loopback
 
 
 async def test_worker_keeps_one_connection_for_many_spans(offloader: Offloader) -> None:
@@ -238,21 +228,28 @@ async def test_user_headers_reach_the_server(offloader: Offloader, server: OtlpT
     assert headers["content-encoding"] == "gzip"
 
 
-async def test_worker_loads_neither_asyncio_nor_httpx(
+async def test_worker_loads_nothing_of_the_application(
     offloader: Offloader, server: OtlpTestServer
 ) -> None:
-    """A worker's start-up is mostly imports, on cores the application wants: after sending a
-    span it has still not loaded the parent's event-loop or HTTP-client modules."""
+    """A worker is a fresh interpreter: after sending a span it has loaded neither the
+    application's __main__ (nor multiprocessing's stand-in for it) nor looptrace's capture
+    and pipeline, nor an event loop."""
     outcome = await offloader.deliver(
         offloader.job(big_span(), CFG, "protobuf", 0), destination(server)
     )
     assert isinstance(outcome, Response) and outcome.status == 200
     pool = offloader._pool
     assert pool is not None
-    modules = await pool.call("modules", ())
+    modules = await asyncio.wrap_future(pool.submit("modules", ()))
     assert "looptrace._offload_child" in modules
-    loaded = {name.split(".")[0] for name in modules}
-    assert not loaded & {"asyncio", "httpx", "httpcore", "anyio", "trio"}
+    assert not set(modules) & {
+        "__mp_main__",
+        "multiprocessing",
+        "asyncio",
+        "looptrace._pipeline",
+        "looptrace._capture",
+        "pytest",
+    }
 
 
 async def test_worker_killed_mid_send_gives_the_span_back_to_the_parent(
@@ -269,7 +266,7 @@ async def test_worker_killed_mid_send_gives_the_span_back_to_the_parent(
             off.deliver(off.job(span, CFG, "protobuf", 0), destination(server))
         )
         assert await asyncio.to_thread(server.wait_for_active, 1)
-        os.kill(off.worker_pids()[0], signal.SIGKILL)
+        kill(off.worker_pids()[0])
         outcome = await task
         server.release()
         assert outcome == _otlp.encode_span(_serialize.to_wire(span, CFG), "protobuf")
@@ -288,7 +285,8 @@ async def test_shutdown_from_another_thread_gives_the_span_back(server: OtlpTest
     off = Offloader(workers=1)
     try:
         await off.ready()
-        pid = off.worker_pids()[0]
+        assert off._pool is not None
+        process = off._pool._channels[0].process
         server.hold()
         span = big_span()
         task = asyncio.ensure_future(
@@ -299,8 +297,8 @@ async def test_shutdown_from_another_thread_gives_the_span_back(server: OtlpTest
         outcome = await asyncio.wait_for(task, 30)
         assert outcome == _otlp.encode_span(_serialize.to_wire(span, CFG), "protobuf")
         assert off.stats["shutdown"] == 1
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+        assert off.worker_pids() == [] and off.workers_alive() == 0
+        assert process.poll() is not None  # exited, and reaped
     finally:
         server.release()
         off.shutdown(wait=True)
@@ -309,8 +307,8 @@ async def test_shutdown_from_another_thread_gives_the_span_back(server: OtlpTest
 async def test_many_medium_strings_reach_the_server_whole(
     offloader: Offloader, server: OtlpTestServer
 ) -> None:
-    """Strings each below the size read by address, 3 MB together, travel in the call's own
-    frame, larger than the pipe: the request is still the parent's, byte for byte."""
+    """Strings each below the size sent raw, 3 MB together, travel in the call's pickle, a
+    frame larger than the pipe: the request is still the parent's, byte for byte."""
     span = big_span()
     span.inputs = {"parts": [f"{i:04d}" + "z" * 60_000 for i in range(50)]}
     outcome = await offloader.deliver(offloader.job(span, CFG, "protobuf", 0), destination(server))
@@ -332,9 +330,7 @@ async def test_large_payloads_go_out_uncompressed_and_whole(
     span = big_span()
     span.inputs = {"image": base64.b64encode(rng.randbytes(1_200_000)).decode()}
     span.output = {"thumb": base64.b64encode(rng.randbytes(150_000)).decode(), "ok": True}
-    dest = Destination(
-        server.endpoint, {}, 5.0, "protobuf", compression, _otlp.default_resource(CFG)
-    )
+    dest = destination(server, compression=compression)
     outcome = await offloader.deliver(offloader.job(span, CFG, "protobuf", 0), dest)
     assert isinstance(outcome, Response) and outcome.status == 200
     (received,) = server.requests

@@ -68,7 +68,7 @@ def test_each_loop_gets_a_client_but_tls_setup_happens_once(
         built.append(real(*args, **kwargs))  # type: ignore[arg-type]
         return built[-1]
 
-    monkeypatch.setattr(_net, "_ssl", None)
+    monkeypatch.setattr(_net, "_ssl_contexts", {})
     monkeypatch.setattr(ssl, "create_default_context", counting)
     use(server)
     for run in range(3):

@@ -15,11 +15,16 @@ Counts and byte totals are plain integers, so every figure is an O(1) read. The 
 cannot be interleaved by another thread under the GIL (there is no eval-breaker check between the
 load and the store). Everything the consumer does, and the rare producer path (buffer full, or a
 threshold crossed), runs under ``_lock``, held only for pointer moves.
+
+On a free-threaded build (``sys._is_gil_enabled()`` false) two producers can interleave those
+``+=``, so there the producer path takes a lock of its own (``_push_lock``) around the append
+and the count; the consumer reads the count under ``_lock`` as before.
 """
 
 from __future__ import annotations
 
 import collections
+import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -36,6 +41,12 @@ FALLBACK_SPAN_BYTES = 512
 # slots, the (span, size) tuple and its deque slot. Counted so that the byte budget bounds
 # memory, not just the bytes the spans will have on the wire.
 PENDING_OVERHEAD_BYTES = 160
+
+
+def gil_enabled() -> bool:
+    """Whether this interpreter runs with a GIL (every build before 3.13's free-threaded one)."""
+    check = getattr(sys, "_is_gil_enabled", None)
+    return True if check is None else bool(check())
 
 
 class Batch:
@@ -114,6 +125,9 @@ class Buffer:
         self._idle_wake = 1  # the flusher is idle: the first span is a crossing
         self._slow_count = 0  # 0: the very next push takes the slow path (starts the flusher)
         self._slow_bytes = 0
+        self._push_lock = threading.Lock()
+        if not gil_enabled():
+            self.push = self._push_locked  # type: ignore[method-assign]
 
     # -- producer side --
     def push(self, span: Span) -> None:
@@ -124,6 +138,18 @@ class Buffer:
         q.append((span, size))
         self._in_bytes += size
         if len(q) >= self._slow_count or self._in_bytes >= self._slow_bytes:
+            self._slow_path()
+
+    def _push_locked(self, span: Span) -> None:
+        """:meth:`push` where no GIL makes the append and the count one step."""
+        est = self._estimate
+        size = (est(span) if est is not None else FALLBACK_SPAN_BYTES) + PENDING_OVERHEAD_BYTES
+        q = self._q
+        with self._push_lock:
+            q.append((span, size))
+            self._in_bytes += size
+            slow = len(q) >= self._slow_count or self._in_bytes >= self._slow_bytes
+        if slow:
             self._slow_path()
 
     def _slow_path(self) -> None:
@@ -299,7 +325,7 @@ class Buffer:
 
     def drop_pending(self, reason: str) -> int:
         """Drop everything pending (shutdown deadline passed)."""
-        with self._lock:
+        with self._lock, self._push_lock:
             count = len(self._q) + self._retry_spans
             self._out_count += len(self._q)
             self._out_bytes = self._in_bytes

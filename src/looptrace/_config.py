@@ -71,6 +71,11 @@ class Config:
     encoding: Encoding = "protobuf"
     compression: Compression = "gzip"
     export_timeout: float = 10.0
+    # TLS: the CA bundle (or directory) that verifies the backend, and a client certificate.
+    certificate: str | None = None
+    certificate_dir: str | None = None
+    client_certificate: str | None = None
+    client_key: str | None = dataclasses.field(default=None, repr=False)
     flush_interval: float = 0.2
     max_batch_spans: int = 2048
     max_batch_bytes: int = 4 * 1024 * 1024
@@ -121,6 +126,10 @@ class Config:
             "lag_summary_interval",
         ):
             _check(getattr(self, name) > 0, f"{name} must be a positive number of seconds")
+        _check(
+            self.client_key is None or self.client_certificate is not None,
+            "client_key needs client_certificate",
+        )
         _check(self.retry_budget >= 0, "retry_budget must not be negative")
         _check(self.encoding in ("protobuf", "json"), "encoding must be 'protobuf' or 'json'")
         _check(
@@ -224,6 +233,29 @@ class Config:
             "OTEL_EXPORTER_OTLP_COMPRESSION",
         )
         put("export_timeout", _float, "LOOPTRACE_EXPORT_TIMEOUT")
+        put(
+            "certificate",
+            _str,
+            "LOOPTRACE_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            "SSL_CERT_FILE",
+        )
+        put("certificate_dir", _str, "SSL_CERT_DIR")
+        put(
+            "client_certificate",
+            _str,
+            "LOOPTRACE_CLIENT_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+        )
+        put(
+            "client_key",
+            _str,
+            "LOOPTRACE_CLIENT_KEY",
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+        )
         put("flush_interval", _float, "LOOPTRACE_FLUSH_INTERVAL")
         put("max_batch_spans", _int, "LOOPTRACE_MAX_BATCH_SPANS")
         put("max_batch_bytes", _int, "LOOPTRACE_MAX_BATCH_BYTES")

@@ -1,22 +1,39 @@
-"""Network helpers shared by the application's process and the worker processes.
+"""How looptrace talks HTTP: one settings object that both the application's client and a
+worker process's client are built from, so a span is sent the same way whichever process
+sends it.
 
-Standard library only (and certifi's CA bundle): a worker imports this, and a worker's
-start-up is mostly imports.
+Standard library at import (httpx and certifi on first use): a worker imports this, and a
+worker's start-up is mostly imports.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+import socket
 import ssl
 import threading
+import urllib.parse
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["is_loopback", "ssl_context"]
+if TYPE_CHECKING:
+    import httpx
+
+    from ._config import Config
+
+__all__ = ["HttpSettings", "is_loopback"]
+
+# On loopback the kernel runs the receiver's side of TCP inside the sender's system calls; a
+# quarter-megabyte send buffer makes a worker sending a large body pause for the receiver
+# every few hundred kilobytes, so the application's loop gets a CPU between the steps. A
+# remote backend keeps the kernel's own sizing, which a long round trip needs.
+LOOPBACK_SNDBUF = 256 * 1024
 
 
 def is_loopback(host: str) -> bool:
     """Whether ``host`` (a name or address, IPv6 with or without brackets) is this machine
-    only: where the collector may bind without a token, and where the worker sends in short
-    steps because the receiver shares its CPUs."""
+    only: where the collector may bind without a token, and where requests never go through
+    a proxy."""
     if host == "localhost":
         return True
     try:
@@ -25,21 +42,104 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+@dataclasses.dataclass(frozen=True)
+class HttpSettings:
+    """Where and how OTLP/HTTP requests go. Picklable and hashable; its ``repr`` never shows
+    header values (they carry API keys).
+
+    TLS: ``certificate`` is the CA bundle that verifies the server (certifi's when None),
+    ``certificate_dir`` a directory of CA certificates, ``client_certificate`` and
+    ``client_key`` the client's own for mutual TLS. Proxies come from the environment
+    (``HTTPS_PROXY``, ``HTTP_PROXY``, ``ALL_PROXY``, ``NO_PROXY``), except for a loopback
+    endpoint, which is always reached directly."""
+
+    url: str
+    headers: tuple[tuple[str, str], ...] = dataclasses.field(default=(), repr=False)
+    timeout: float = 10.0
+    certificate: str | None = None
+    certificate_dir: str | None = None
+    client_certificate: str | None = None
+    client_key: str | None = None
+    max_connections: int = 8
+
+    def __repr__(self) -> str:
+        return f"HttpSettings({self.url!r}, headers=<{len(self.headers)} redacted>)"
+
+    @classmethod
+    def from_config(cls, cfg: Config, url: str | None = None) -> HttpSettings:
+        return cls(
+            url=url or cfg.endpoint or "",
+            headers=tuple(cfg.headers.items()),
+            timeout=cfg.export_timeout,
+            certificate=cfg.certificate,
+            certificate_dir=cfg.certificate_dir,
+            client_certificate=cfg.client_certificate,
+            client_key=cfg.client_key,
+            max_connections=cfg.max_concurrent_requests,
+        )
+
+    @property
+    def loopback(self) -> bool:
+        return is_loopback(urllib.parse.urlsplit(self.url).hostname or "")
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The TLS context for these settings, built once per process (loading a CA bundle
+        costs 35-150 ms of CPU, and a program that runs many event loops needs a client per
+        loop)."""
+        key = (self.certificate, self.certificate_dir, self.client_certificate, self.client_key)
+        with _ssl_lock:
+            ctx = _ssl_contexts.get(key)
+            if ctx is None:
+                cafile = self.certificate
+                if cafile is None and self.certificate_dir is None:
+                    import certifi
+
+                    cafile = certifi.where()
+                ctx = ssl.create_default_context(cafile=cafile, capath=self.certificate_dir)
+                if self.client_certificate is not None:
+                    ctx.load_cert_chain(self.client_certificate, self.client_key)
+                _ssl_contexts[key] = ctx
+            return ctx
+
+    def _client_options(self) -> dict[str, Any]:
+        import httpx
+
+        return {
+            "headers": dict(self.headers),
+            "timeout": httpx.Timeout(self.timeout),
+            "limits": httpx.Limits(
+                max_connections=self.max_connections,
+                max_keepalive_connections=self.max_connections,
+            ),
+            # Proxies from the environment, as every OTLP exporter honours them; a loopback
+            # endpoint is this machine, never worth a detour through a proxy.
+            "trust_env": not self.loopback,
+        }
+
+    def async_client(self) -> httpx.AsyncClient:
+        """The application's client (one per event loop)."""
+        import httpx
+
+        return httpx.AsyncClient(verify=self.ssl_context(), **self._client_options())
+
+    def sync_client(self) -> httpx.Client:
+        """A worker's client: the same options, and on loopback a small send buffer."""
+        import httpx
+
+        options = self._client_options()
+        if self.loopback:
+            # A transport of our own for the socket options; without a proxy (trust_env is
+            # off for loopback), nothing else differs from the default one.
+            options["transport"] = httpx.HTTPTransport(
+                verify=self.ssl_context(),
+                limits=options.pop("limits"),
+                socket_options=[
+                    (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),
+                    (socket.SOL_SOCKET, socket.SO_SNDBUF, LOOPBACK_SNDBUF),
+                ],
+            )
+        return httpx.Client(verify=self.ssl_context(), **options)
+
+
 _ssl_lock = threading.Lock()
-_ssl: ssl.SSLContext | None = None
-
-
-def ssl_context() -> ssl.SSLContext:
-    """One TLS context for the process, trusting certifi's bundle (what httpx trusts by
-    default, so the parent's client and a worker's accept the same servers). Building one
-    loads the CA bundle (35-150 ms of CPU here), and each event loop needs its own client: a
-    program that calls asyncio.run many times (pytest, one loop per test) paid that for every
-    loop. Like the clients' proxies, SSL_CERT_FILE and SSL_CERT_DIR are not read from the
-    environment."""
-    global _ssl
-    with _ssl_lock:
-        if _ssl is None:
-            import certifi
-
-            _ssl = ssl.create_default_context(cafile=certifi.where())
-        return _ssl
+_ssl_contexts: dict[tuple[str | None, ...], ssl.SSLContext] = {}

@@ -37,6 +37,7 @@ from . import _clock, _errors, _state
 from ._batcher import DROP_REASONS, Batch, Buffer
 from ._config import Config
 from ._context import suppress_tracing
+from ._net import HttpSettings
 from ._transport import (
     HttpTransport,
     Response,
@@ -62,6 +63,20 @@ DROP_LOG_INTERVAL = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
+class OffloadStatistics:
+    """What the worker processes did (``looptrace.statistics().offload``).
+
+    ``offloaded`` counts spans a worker serialized (and sent, over OTLP/HTTP); ``fallbacks``
+    counts, by reason, large spans serialized in the application's process instead:
+    ``unpicklable``, ``worker_error``, ``broken_pool``, ``pool_retired``, ``unavailable``,
+    ``shutdown``. ``workers_alive`` is how many worker processes are running now."""
+
+    offloaded: int = 0
+    fallbacks: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    workers_alive: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class Statistics:
     """A snapshot of the pipeline's counters (``looptrace.statistics()``)."""
 
@@ -78,6 +93,7 @@ class Statistics:
     )
     last_error: str | None = None
     internal_errors: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    offload: OffloadStatistics = dataclasses.field(default_factory=OffloadStatistics)
 
     @property
     def dropped_total(self) -> int:
@@ -253,12 +269,7 @@ class Pipeline:
             from ._store import StoreTransport
 
             return StoreTransport(cfg.store_path)
-        return HttpTransport(
-            cfg.endpoint,
-            cfg.headers,
-            cfg.export_timeout,
-            max_connections=cfg.max_concurrent_requests,
-        )
+        return HttpTransport(HttpSettings.from_config(cfg))
 
     async def _ensure_codec(self) -> None:
         if self._codec_loaded:
@@ -298,12 +309,7 @@ class Pipeline:
                 from ._offload import Destination
 
                 self._destination = Destination(
-                    cfg.endpoint,
-                    dict(cfg.headers),
-                    cfg.export_timeout,
-                    cfg.encoding,
-                    cfg.compression,
-                    self._resource,
+                    HttpSettings.from_config(cfg), cfg.encoding, cfg.compression, self._resource
                 )
         self.buffer._estimate = _serialize.estimate_size
         self._codec_loaded = True
@@ -1077,6 +1083,20 @@ class Pipeline:
             dropped=dict(b.dropped),
             last_error=self.last_error,
             internal_errors=dict(_errors.counts),
+            offload=self._offload_statistics(),
+        )
+
+    def _offload_statistics(self) -> OffloadStatistics:
+        offloader = self._offloader
+        if offloader is None:
+            return OffloadStatistics()
+        from ._offload import FALLBACKS
+
+        stats = offloader.stats
+        return OffloadStatistics(
+            offloaded=stats["offloaded"],
+            fallbacks={reason: stats[reason] for reason in FALLBACKS},
+            workers_alive=offloader.workers_alive(),
         )
 
 
@@ -1344,6 +1364,7 @@ if hasattr(os, "register_at_fork"):
 
 __all__ = [
     "FlushResult",
+    "OffloadStatistics",
     "Pipeline",
     "Statistics",
     "backpressure",

@@ -21,7 +21,6 @@ import dataclasses
 import datetime
 import decimal
 import enum
-import functools
 import ipaddress
 import logging
 import re
@@ -110,11 +109,6 @@ _QUOTE_PROBE_BYTES = 8192
 # regex engine tests every position (about 15 ns a byte here), so longer text is searched
 # word by word with bytes.find instead.
 _REGEX_GATE_BYTES = 2048
-# JSON at least this long is searched for the redaction words with the C library's memmem,
-# where there is one: over 166 KB of rows it took 25-40 us a word here, bytes.find 75-100 us
-# (CPython's search is a scalar Horspool; glibc's compares 16 bytes at a time). Below this,
-# a ctypes call's microsecond is not worth it.
-_MEMMEM_BYTES = 16 * 1024
 _PRIMITIVES = (str, bool, int, float)
 
 
@@ -125,46 +119,6 @@ def _segments(text: str) -> tuple[str, ...]:
     # Words of a key: runs of ASCII letters, split where a lowercase letter meets an uppercase
     # one (camelCase). "X-Api-Key" -> x, api, key; "accessToken" -> access, token.
     return tuple(m.lower() for m in re.findall(r"[A-Z]+[a-z]*|[a-z]+", text))
-
-
-@functools.cache
-def _memmem() -> Callable[[bytes], Callable[[bytes, int], int]] | None:
-    """A finder over the C library's ``memmem``, or None where there is none; bound once per
-    process, when a policy is built, so that the ``ctypes`` import (about 6 ms) happens in
-    configure() or a thread, not on the loop at the first large value."""
-    try:
-        import ctypes
-
-        # PyDLL: the call keeps the GIL. Through CDLL it let go of it, and on the loop's thread
-        # the compression thread then took it for up to a switch interval (5 ms) per call.
-        fn = ctypes.PyDLL(None).memmem
-        fn.restype = ctypes.c_void_p
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
-        address = ctypes.cast
-        pointer, void_p = ctypes.c_char_p, ctypes.c_void_p
-    except Exception:  # no ctypes, no shared C library (Windows), no memmem
-        return None
-
-    def finder(text: bytes) -> Callable[[bytes, int], int]:
-        # c_char_p points into the bytes object itself (no copy); ``text`` outlives the calls.
-        base: int = address(pointer(text), void_p).value or 0
-        end = len(text)
-
-        def find(needle: bytes, start: int) -> int:
-            if start >= end:
-                return -1
-            hit: int | None = fn(base + start, end - start, needle, len(needle))
-            return -1 if hit is None else hit - base
-
-        return find
-
-    return finder
-
-
-def _finder(text: bytes) -> Callable[[bytes, int], int]:
-    """``text.find(needle, start)``, by memmem for long texts where the platform has it."""
-    memmem = _memmem() if len(text) >= _MEMMEM_BYTES else None
-    return memmem(text) if memmem is not None else text.find
 
 
 def _letters(segment: str) -> bytes:
@@ -215,7 +169,6 @@ class Policy:
         self._plain_keys: set[str] = set()
         self._raw_cache: dict[bytes, bool] = {}
         self.default: Callable[[Any], Any] = self._default
-        _memmem()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Policy, (self.max_value_bytes, self.max_depth, self.redact, self.redact_keys))
@@ -299,7 +252,7 @@ class Policy:
         # a key, at word boundaries (so max_tokens does not send every LLM payload down the
         # careful path).
         low = out.lower()
-        find = _finder(low)
+        find = low.find
         for w in self._words:
             p = find(w.first, 0)
             while p != -1:

@@ -31,7 +31,7 @@ from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
 import httpx
 
-from ._net import ssl_context
+from ._net import HttpSettings
 
 Verdict = Literal["ok", "retry", "split", "reject"]
 
@@ -116,26 +116,24 @@ class Transport(Protocol):
 class HttpTransport:
     """OTLP/HTTP over an ``httpx.AsyncClient``, created on first use on the sending loop.
 
-    An AsyncClient's connection pool belongs to one event loop, so each flusher home (one loop)
+    ``settings`` (or a URL, with ``headers``) says where and how: the same
+    :class:`~looptrace._net.HttpSettings` a worker process builds its own client from. An
+    AsyncClient's connection pool belongs to one event loop, so each flusher home (one loop)
     gets its own HttpTransport.
     """
 
     def __init__(
-        self,
-        url: str,
-        headers: Mapping[str, str] | None = None,
-        timeout: float = 10.0,
-        max_connections: int = 8,
+        self, settings: HttpSettings | str, headers: Mapping[str, str] | None = None
     ) -> None:
-        self.url = url
-        self._headers = dict(headers or {})
-        self._timeout = timeout
-        self._max_connections = max_connections
+        if isinstance(settings, str):
+            settings = HttpSettings(settings, tuple((headers or {}).items()))
+        self.settings = settings
+        self.url = settings.url
         self._client: httpx.AsyncClient | None = None
 
     def __repr__(self) -> str:
         # Headers carry API keys: never show their values.
-        return f"HttpTransport({self.url!r}, headers=<{len(self._headers)} redacted>)"
+        return f"HttpTransport({self.settings!r})"
 
     async def send(self, body: bytes, headers: Mapping[str, str]) -> Response:
         client = self._client
@@ -156,18 +154,7 @@ class HttpTransport:
         import anyio._backends._asyncio
         import anyio.streams.tls  # noqa: F401
 
-        return httpx.AsyncClient(
-            headers=self._headers,
-            verify=ssl_context(),
-            timeout=self._timeout,
-            limits=httpx.Limits(
-                max_connections=self._max_connections,
-                max_keepalive_connections=self._max_connections,
-            ),
-            # Proxies from the environment would silently reroute telemetry; OTLP exporters
-            # talk to the endpoint they are given.
-            trust_env=False,
-        )
+        return self.settings.async_client()
 
     async def aclose(self) -> None:
         client, self._client = self._client, None
