@@ -219,21 +219,26 @@ def threshold_table() -> None:
         return min(times) * 1e3
 
     async def send_handoff(span: Span, n: int) -> float:
-        """Loop time to hand a span to a worker that sends it (port 9: refused, so the worker
+        """Loop time to hand a span to a worker that sends it: the hooks, the walk that finds
+        its large values, their pieces and the call's pickle (port 9: refused, so the worker
         does all its work but the network)."""
+        from looptrace._net import HttpSettings
+
         await off.ready()
         dest = Destination(
-            "http://127.0.0.1:9/v1/traces", {}, 1.0, "protobuf", "none", _otlp.default_resource(cfg)
+            HttpSettings("http://127.0.0.1:9/v1/traces", (), 1.0),
+            "protobuf",
+            "none",
+            _otlp.default_resource(cfg),
         )
-        pool = off._pool
-        assert pool is not None, "the pool started"
         times = []
         for _ in range(n):
             t0 = time.perf_counter()
-            handed = off._hand_off(pool, off.job(span, cfg, "protobuf", 0), dest)
+            task = asyncio.ensure_future(off.deliver(off.job(span, cfg, "protobuf", 0), dest))
+            while off._pool is not None and not any(ch.queued for ch in off._pool._channels):
+                await asyncio.sleep(0)
             times.append(time.perf_counter() - t0)
-            if not isinstance(handed, bytes):
-                await handed
+            await task
         return min(times) * 1e3
 
     print("\nPart 1: loop time per span, inline vs handing to the pool (best of N, ms)")
@@ -250,8 +255,13 @@ def threshold_table() -> None:
             )
 
             def handoff(span: Span = span) -> None:
-                prepared = _serialize.prepare(span, cfg)
-                pickle.dumps((*prepared, "protobuf"), protocol=5)
+                from looptrace._offload import _Lifter, _raw_pieces
+
+                wire, inputs, output, pol, cap = _serialize.prepare(span, cfg)
+                lifter = _Lifter()
+                inputs = (inputs[0], lifter.lift(inputs[1]))
+                asyncio.run(_raw_pieces(lifter.values))
+                pickle.dumps((wire, inputs, output, pol, cap, "protobuf"), protocol=5)
 
             loop_ms = best(handoff, n)
             wall = asyncio.run(pool_wall(span, n))
@@ -548,6 +558,66 @@ def scenario(calls: int, rounds: int) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def one_row(kind: str, payload_kind: str, url: str, calls: int) -> None:
+    """One row in this process, its figures printed as JSON (for the old-against-new run)."""
+    payload = string_payload(2_500_000) if payload_kind == "string" else structure_payload(165_000)
+    STALLS.clear()
+    if kind == "baseline":
+        lags, per_call = baseline_run(payload, calls)
+    else:
+        lags, per_call = looptrace_run(url, payload, calls, True)
+    row = Row(lags, per_call, 0, 0.0, 0.0, 0.0)
+    print(orjson.dumps({"max": row.max_ms, "total": row.total_ms, "p95": row.p95_us}).decode())
+
+
+def old_against_new(old_src: str, calls: int, rounds: int) -> None:
+    """The offload row of the code in ``old_src`` (a checkout's ``src``) against this
+    checkout's, and the untraced baseline, alternating in fresh processes round by round, all
+    sending to one sink."""
+    new_src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    sink = Sink()
+    try:
+        for payload_kind in ("string", "structure"):
+            print(f"\nold against new, {payload_kind} payloads, {calls} calls, {rounds} rounds")
+            print(f"{'':<16}{'max ms':>9}{'total ms':>10}{'p95 us':>9}{'delivered':>11}")
+            got: dict[str, list[dict[str, float]]] = {}
+            for r in range(rounds):
+                for name, src, kind in (
+                    ("no tracing", new_src, "baseline"),
+                    ("old", old_src, "looptrace"),
+                    ("new", new_src, "looptrace"),
+                ):
+                    before = sink.count()
+                    env = {**os.environ, "PYTHONPATH": src}
+                    out = subprocess.run(
+                        [sys.executable, __file__, "--row", kind, payload_kind, sink.url],
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                        timeout=600,
+                    ).stdout
+                    figures = orjson.loads(out.strip().splitlines()[-1])
+                    expected = 0 if kind == "baseline" else calls
+                    figures["delivered"] = sink.wait_for(before + expected, 60) - before
+                    got.setdefault(name, []).append(figures)
+                    print(
+                        f"{name + ' #' + str(r + 1):<16}{figures['max']:>9.1f}"
+                        f"{figures['total']:>10.1f}{figures['p95']:>9.1f}"
+                        f"{figures['delivered']:>8}/{expected}",
+                        flush=True,
+                    )
+            print("medians:")
+            for name, rows in got.items():
+                print(
+                    f"  {name:<14}{statistics.median(x['max'] for x in rows):>9.1f}"
+                    f"{statistics.median(x['total'] for x in rows):>10.1f}"
+                    f"{statistics.median(x['p95'] for x in rows):>9.1f}"
+                )
+    finally:
+        sink.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sink", action="store_true", help=argparse.SUPPRESS)
@@ -555,7 +625,17 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--skip-threshold", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--row", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--old", metavar="SRC", help="compare the offload row with the looptrace in SRC"
+    )
     args = parser.parse_args()
+    if args.row:
+        one_row(*args.row, args.calls)
+        return
+    if args.old:
+        old_against_new(args.old, args.calls, args.rounds)
+        return
     if args.sink:
         sink_main()
         return

@@ -28,6 +28,7 @@ import gzip
 import http.server
 import json
 import socket
+import ssl
 import struct
 import sys
 import threading
@@ -110,9 +111,15 @@ class OtlpTestServer:
     """A threaded HTTP server recording OTLP trace requests; see the module docstring."""
 
     def __init__(
-        self, latency: float = 0.0, defer_decode: bool = False, idle_timeout: float | None = None
+        self,
+        latency: float = 0.0,
+        defer_decode: bool = False,
+        idle_timeout: float | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.latency = latency
+        # Serve HTTPS with this server-side context (the endpoint then says https).
+        self.tls = tls
         self.defer_decode = defer_decode
         # Close a kept-alive connection after this long without a request, as servers do.
         self.idle_timeout = idle_timeout
@@ -192,6 +199,8 @@ class OtlpTestServer:
                     super().handle_error(request, client_address)
 
         server = Server(("127.0.0.1", self.port), Handler)
+        if self.tls is not None:
+            server.socket = self.tls.wrap_socket(server.socket, server_side=True)
         server.daemon_threads = True
         self._server = server
         self.port = server.server_address[1]
@@ -220,7 +229,8 @@ class OtlpTestServer:
     @property
     def endpoint(self) -> str:
         """The full URL to configure as ``endpoint``."""
-        return f"http://127.0.0.1:{self.port}/v1/traces"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}/v1/traces"
 
     url = endpoint
 

@@ -84,16 +84,16 @@ def test_each_loop_gets_a_client_but_tls_setup_happens_once(
 
 
 def test_a_runner_per_test_like_pytest_asyncio(server: OtlpTestServer) -> None:
-    """A fresh asyncio.Runner per 'test', flushing inside each: no loop mix-ups, no loss."""
+    """A fresh event loop per 'test', its leftover tasks cancelled and the loop closed after it
+    (what pytest-asyncio's runner does), flushing inside each: no loop mix-ups, no loss."""
     use(server)
     for n in range(4):
-        with asyncio.Runner() as runner:
 
-            async def body(n: int = n) -> looptrace.FlushResult:
-                make_spans(10, f"t{n}-")
-                return await looptrace.flush(5)
+        async def body(n: int = n) -> looptrace.FlushResult:
+            make_spans(10, f"t{n}-")
+            return await looptrace.flush(5)
 
-            assert runner.run(body()).ok
+        assert asyncio.run(body()).ok
     assert server.accepted_span_count == 40
 
 

@@ -32,6 +32,7 @@ EXPECTED = {
     "SpanContext",
     "SpanKind",
     "StatusCode",
+    "OffloadStatistics",
     "Statistics",
     "__version__",
     "attach",

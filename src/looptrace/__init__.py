@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ._errors import ConfigurationError, LoopTraceError
     from ._pipeline import (
         FlushResult,
+        OffloadStatistics,
         Statistics,
         backpressure,
         configure,
@@ -51,6 +52,7 @@ _ORIGIN = {
     "ConfigurationError": "_errors",
     "LoopTraceError": "_errors",
     "FlushResult": "_pipeline",
+    "OffloadStatistics": "_pipeline",
     "Statistics": "_pipeline",
     "backpressure": "_pipeline",
     "configure": "_pipeline",
@@ -106,6 +108,7 @@ __all__ = [
     "Link",
     "LoopTraceError",
     "NonRecordingSpan",
+    "OffloadStatistics",
     "Score",
     "Span",
     "SpanContext",

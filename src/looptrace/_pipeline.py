@@ -199,12 +199,12 @@ class _Home:
         loop, task = self.loop, self.task
         if loop is None or task is None:
             return
-        if threading.get_ident() == self.thread_id:
-            task.cancel()
-            return
         try:
-            loop.call_soon_threadsafe(task.cancel)
-        except RuntimeError:
+            if threading.get_ident() == self.thread_id:
+                task.cancel()
+            else:
+                loop.call_soon_threadsafe(task.cancel)
+        except RuntimeError:  # its loop was closed with the task still pending
             pass
 
 
