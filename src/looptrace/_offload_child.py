@@ -208,11 +208,24 @@ def post(
     """POST the pieces of ``body`` with a client built from ``http``, as the application's
     own is; ``(status, Retry-After, the start of the answer's body)``. Raises
     ``httpx.HTTPError`` when no answer came."""
+    import httpx
+
     client = _clients.get(http)
     if client is None:
         client = _clients[http] = http.sync_client()
     headers["Content-Length"] = str(sum(map(len, body)))
-    with client.stream("POST", http.url, content=_steps(body), headers=headers) as response:
+    try:
+        return _post_once(client, http.url, body, headers)
+    except httpx.RemoteProtocolError:
+        # A kept-alive connection the server closed while idle, in the instant before it was
+        # reused: nothing was answered, so once more on a new connection.
+        return _post_once(client, http.url, body, headers)
+
+
+def _post_once(
+    client: httpx.Client, url: str, body: list[bytes], headers: dict[str, str]
+) -> tuple[int, str | None, bytes]:
+    with client.stream("POST", url, content=_steps(body), headers=headers) as response:
         detail = bytearray()
         for part in response.iter_raw():
             detail += part
