@@ -7,9 +7,8 @@ so the bytes are identical to the inline path (the worker's side is
 :mod:`looptrace._offload_child`, the processes :mod:`looptrace._workers`).
 
 A payload's large strings and bytes do not go through the pickle: the parent replaces them by
-slots and sends them after it, as raw pieces of at most ``PIECE_BYTES`` (a ``str`` is encoded
-to UTF-8 a piece at a time, on the loop, yielding between pieces; a ``bytes`` goes as it is,
-uncopied). The pool's thread writes them to the worker's pipe with the GIL released.
+slots and the pool's thread sends them after it (a ``bytes`` as it is; a ``str`` encoded a
+piece at a time, the GIL let go of in each write), so the loop copies nothing large.
 
 Where the spans go over plain OTLP/HTTP (a :class:`Destination`), a large span
 travels alone and the worker sends it too (:meth:`Offloader.deliver`), with the same HTTP
@@ -29,7 +28,6 @@ import asyncio
 import os
 import pickle
 import threading
-import time
 from collections import Counter
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
@@ -56,10 +54,6 @@ FALLBACKS = (
 _START_TIMEOUT = 60.0
 # A str or bytes at least this large travels raw, after the pickle.
 MIN_RAW_BYTES = 64 * 1024
-# A large str is encoded a piece of this many characters at a time, and the loop gets a turn
-# between pieces once a slice's worth of time has gone.
-PIECE_CHARS = 256 * 1024
-_SLICE_SECONDS = 0.001
 
 
 async def _done(value: bytes) -> bytes:
@@ -81,20 +75,22 @@ class Job:
 
 class _Lifter:
     """Replaces a payload's large str and bytes leaves by :class:`Slot` s, numbered in the
-    order met, and keeps the values to send raw.
+    order met, and keeps the values to send raw (both types are immutable, so the pool's
+    thread may copy them into the pipe while the loop goes on; a ``bytearray`` could change,
+    and travels in the pickle).
 
     Only plain dicts, lists and tuples are rebuilt (shallow copies on the way to a slot), and
     at most ``LIFT_BUDGET`` values are visited: anything else travels in the pickle. A value
     met twice (or through a cycle) gets one slot."""
 
     def __init__(self) -> None:
-        self.values: list[str | bytes | bytearray] = []
+        self.values: list[str | bytes] = []
         self.budget = LIFT_BUDGET
         self._memo: dict[int, Slot] = {}
 
     def lift(self, v: Any) -> Any:
         cls = type(v)
-        if cls is str or cls is bytes or cls is bytearray:
+        if cls is str or cls is bytes:
             if len(v) < MIN_RAW_BYTES:
                 return v
             slot = self._memo.get(id(v))
@@ -117,35 +113,6 @@ class _Lifter:
                 return v
             return tuple(out) if cls is tuple else out
         return v
-
-
-async def _raw_pieces(values: list[str | bytes | bytearray]) -> tuple[list[bytes], list[int]]:
-    """The raw bytes of ``values`` in pieces, and each value's length in bytes. A ``bytes`` is
-    sent as it is (immutable: nothing to copy); a ``str`` is encoded and a ``bytearray``
-    copied a piece at a time, with turns for the loop in between."""
-    pieces: list[bytes] = []
-    lengths: list[int] = []
-    clock = time.perf_counter
-    started = clock()
-    for v in values:
-        if type(v) is bytes:
-            pieces.append(v)
-            lengths.append(len(v))
-            continue
-        n = 0
-        view = memoryview(v) if type(v) is bytearray else None
-        for i in range(0, len(v), PIECE_CHARS):
-            if view is not None:
-                piece = bytes(view[i : i + PIECE_CHARS])
-            else:
-                piece = v[i : i + PIECE_CHARS].encode("utf-8", "surrogatepass")  # type: ignore[union-attr]
-            pieces.append(piece)
-            n += len(piece)
-            if clock() - started > _SLICE_SECONDS:
-                await asyncio.sleep(0)
-                started = clock()
-        lengths.append(n)
-    return pieces, lengths
 
 
 class Offloader:
@@ -210,10 +177,9 @@ class Offloader:
         lifter = _Lifter()
         inputs = (inputs[0], lifter.lift(inputs[1]))
         output = (output[0], lifter.lift(output[1]))
-        pieces, lengths = await _raw_pieces(lifter.values)
         try:
             future = pool.submit(
-                "work", (wire, inputs, output, pol, max_span, encoding, lengths), pieces
+                "work", (wire, inputs, output, pol, max_span, encoding), lifter.values
             )
         except Exception as exc:
             return self._finish_inline(*prepared, self._unsent(pool, exc))
@@ -225,7 +191,7 @@ class Offloader:
             return self._finish_inline(*prepared, "worker_error")
         self.stats["offloaded"] += 1
         _serialize.stats.update(answer.meta)
-        return answer.data  # type: ignore[return-value]
+        return answer.values[0]  # type: ignore[return-value]
 
     def job(self, span: Span, cfg: Config, encoding: str, nbytes: int) -> Job:
         """Prepare ``span`` for :meth:`deliver`: the user's hooks run here, once."""
@@ -246,10 +212,9 @@ class Offloader:
         lifter = _Lifter()
         inputs = (inputs[0], lifter.lift(inputs[1]))
         output = (output[0], lifter.lift(output[1]))
-        pieces, lengths = await _raw_pieces(lifter.values)
-        args = (wire, inputs, output, max_span, self._settings(dest, pol), lengths)
+        args = (wire, inputs, output, max_span, self._settings(dest, pol))
         try:
-            future = pool.submit("deliver", args, pieces)
+            future = pool.submit("deliver", args, lifter.values)
         except Exception as exc:
             return self._finish_inline(*job.prepared, job.encoding, self._unsent(pool, exc))
         try:

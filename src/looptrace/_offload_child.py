@@ -34,8 +34,8 @@ _SEND_PIECE = 256 * 1024
 
 
 class Slot:
-    """Stands in for a large str, bytes or bytearray that travels raw after the call's pickle:
-    the ``index``-th raw value, of type ``kind``."""
+    """Stands in for a large str or bytes that travels raw after the call's pickle: the
+    ``index``-th raw value, of type ``kind``."""
 
     __slots__ = ("index", "kind")
 
@@ -53,19 +53,12 @@ class Slot:
 class _Raw:
     """The worker's view of the raw values of one call."""
 
-    def __init__(self, raw: bytes, lengths: list[int]) -> None:
-        self._raw = memoryview(raw)
-        self._offsets = [0]
-        for n in lengths:
-            self._offsets.append(self._offsets[-1] + n)
+    def __init__(self, values: list[bytes]) -> None:
+        self._values = values
 
     def value(self, slot: Slot) -> Any:
-        piece = self._raw[self._offsets[slot.index] : self._offsets[slot.index + 1]]
-        if slot.kind == "str":
-            return str(piece, "utf-8", "surrogatepass")
-        if slot.kind == "bytes":
-            return bytes(piece)
-        return bytearray(piece)
+        data = self._values[slot.index]
+        return data.decode("utf-8", "surrogatepass") if slot.kind == "str" else data
 
 
 class Destination:
@@ -122,10 +115,10 @@ def restore(v: Any, raw: _Raw, left: list[int]) -> Any:
     return v
 
 
-def _restored(inputs: Any, output: Any, lengths: list[int], raw: bytes) -> tuple[Any, Any]:
-    if not lengths:
+def _restored(inputs: Any, output: Any, raw: list[bytes]) -> tuple[Any, Any]:
+    if not raw:
         return inputs, output
-    values = _Raw(raw, lengths)
+    values = _Raw(raw)
     # Slots met more than once (one value in two places) count each time.
     left = [1 << 30, LIFT_BUDGET]
     inputs = (inputs[0], restore(inputs[1], values, left))
@@ -140,8 +133,7 @@ def _work(
     pol: Any,
     max_span_bytes: int,
     encoding: str,
-    lengths: list[int],
-    raw: bytes = b"",
+    raw: list[bytes] | None = None,
 ) -> Any:
     """Finish serializing one prepared span, and encode it: the encoded span comes back raw.
     (A value the worker cannot rebuild, such as a class from the user's ``__main__``, fails
@@ -149,13 +141,13 @@ def _work(
     from ._worker import Raw
 
     try:
-        inputs, output = _restored(inputs, output, lengths, raw)
+        inputs, output = _restored(inputs, output, raw or [])
         with _serialize.counted() as counts:
             wire = _serialize.finish(wire, inputs, output, pol, max_span_bytes)
         body = _otlp.encode_span(wire, encoding)
     except Exception as exc:
         return None, {"error": 1, type(exc).__name__: 1}
-    return Raw(body, dict(counts))
+    return Raw([body], dict(counts))
 
 
 def _deliver(
@@ -164,8 +156,7 @@ def _deliver(
     output: Any,
     max_span_bytes: int,
     settings: bytes,
-    lengths: list[int],
-    raw: bytes = b"",
+    raw: list[bytes] | None = None,
 ) -> tuple[str, Any, dict[str, int]]:
     """Finish one large span, and send it as a request of its own. Answers ``("answered",
     (status, retry_after, detail), counts)``, ``("unsent", error, counts)`` when no answer
@@ -176,7 +167,7 @@ def _deliver(
     try:
         # Unpickled here, inside the try: a failure is an answer, not a dead worker.
         dest, pol = _settings(settings)
-        inputs, output = _restored(inputs, output, lengths, raw)
+        inputs, output = _restored(inputs, output, raw or [])
         with _serialize.counted() as counts:
             if dest.encoding == "protobuf":
                 # The payloads' JSON goes out as orjson wrote it: no str, no joined copy.

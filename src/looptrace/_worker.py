@@ -7,9 +7,10 @@ application's own ``multiprocessing`` uses. It reads calls on standard input and
 private copy of standard output; the real standard output is pointed at standard error, so a
 stray ``print`` in imported code cannot corrupt an answer.
 
-Frames, both ways: a header (``FRAME``: pickle bytes, raw bytes, call id), a pickle, then raw
-bytes. The raw part carries large strings and bytes that the parent did not pickle (see
-:class:`Raw`), so neither side copies them into or out of a pickle. The first frame is the
+Frames, both ways: a header (``FRAME``: pickle bytes, raw values, call id), a pickle, then the
+raw values, each as chunks (a length, then that many bytes; a length of 0 ends the value). The
+raw values are large strings and bytes that were not pickled (see :class:`Raw`), so neither
+side copies them into or out of a pickle. The first frame is the
 start-up: the parent's ``sys.path`` and the module whose ``CALLS`` the worker answers.
 
 This module imports the standard library only: a worker's start-up is mostly imports, on
@@ -25,23 +26,30 @@ import signal
 import struct
 import sys
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, Any, Union
 
 __all__ = ["FRAME", "Raw", "main", "read_frame", "write_frame", "yield_cpu"]
 
-FRAME = struct.Struct("<QQQ")  # pickle bytes, raw bytes, call id
+FRAME = struct.Struct("<QQQ")  # pickle bytes, raw values, call id
+CHUNK = struct.Struct("<Q")  # a raw value's next chunk: its length (0 ends the value)
+# A str is encoded and written this many characters at a time: the writing thread holds the
+# GIL for one piece's copy at most (tens of microseconds), and lets go of it in each write.
+PIECE_CHARS = 64 * 1024
+
+RawValue = Union[str, bytes]
 
 
 class Raw:
-    """A call's argument or answer whose ``data`` travels after the pickle, unpickled.
+    """A call's arguments or answer with ``values`` sent after the pickle, unpickled.
 
-    ``meta`` is pickled as usual. On the other side the receiver gets ``Raw(data, meta)``
-    with ``data`` as one ``bytes`` object, read straight from the pipe."""
+    Each value is a ``str`` (sent as UTF-8, lone surrogates kept) or ``bytes`` (sent as it
+    is); ``meta`` is pickled as usual. The receiver gets ``Raw(values, meta)`` with each value
+    as ``bytes``, read straight from the pipe."""
 
-    __slots__ = ("data", "meta")
+    __slots__ = ("meta", "values")
 
-    def __init__(self, data: bytes | list[bytes], meta: Any = None) -> None:
-        self.data = data
+    def __init__(self, values: list[RawValue], meta: Any = None) -> None:
+        self.values = values
         self.meta = meta
 
 
@@ -67,39 +75,60 @@ def yield_cpu(pid: int) -> None:
             pass
 
 
-def write_frame(out: IO[bytes], rid: int, value: Any) -> None:
-    """Write ``value`` as one frame: a :class:`Raw` sends its data after the pickle."""
-    if type(value) is Raw:
-        pieces = value.data if isinstance(value.data, list) else [value.data]
-        head = pickle.dumps((True, value.meta), protocol=5)
-    else:
-        pieces = []
-        head = pickle.dumps((False, value), protocol=5)
-    out.write(FRAME.pack(len(head), sum(map(len, pieces)), rid))
+def write_frame(out: IO[bytes], rid: int, value: Any, head: bytes | None = None) -> None:
+    """Write ``value`` as one frame: a :class:`Raw` sends its values after the pickle, a chunk
+    at a time. ``head``, when given, is the frame's pickle already made."""
+    values: list[RawValue] = value.values if type(value) is Raw else []
+    if head is None:
+        head = pickle.dumps((type(value) is Raw, value.meta if values else value), protocol=5)
+    out.write(FRAME.pack(len(head), len(values), rid))
     out.write(head)
-    for piece in pieces:
-        out.write(piece)
+    for v in values:
+        if isinstance(v, bytes):
+            if v:
+                out.write(CHUNK.pack(len(v)))
+                out.write(v)
+        else:
+            for i in range(0, len(v), PIECE_CHARS):
+                piece = v[i : i + PIECE_CHARS].encode("utf-8", "surrogatepass")
+                out.write(CHUNK.pack(len(piece)))
+                out.write(piece)
+        out.write(CHUNK.pack(0))
     out.flush()
 
 
-def read_frame(src: IO[bytes]) -> tuple[int, bytes, bytes] | None:
-    """``(call id, pickle, raw)`` of the next frame; None at end of file."""
+def read_frame(src: IO[bytes]) -> tuple[int, bytes, list[bytes]] | None:
+    """``(call id, pickle, raw values)`` of the next frame; None at end of file."""
     header = src.read(FRAME.size)
     if len(header) < FRAME.size:
         return None
-    n_pickle, n_raw, rid = FRAME.unpack(header)
-    # A buffered reader reads a large frame straight into the bytes object it returns.
+    n_pickle, n_values, rid = FRAME.unpack(header)
+    # A buffered reader reads a large chunk straight into the bytes object it returns.
     head = src.read(n_pickle)
-    raw = src.read(n_raw) if n_raw else b""
-    if len(head) < n_pickle or len(raw) < n_raw:
+    if len(head) < n_pickle:
         return None
-    return rid, head, raw
+    values: list[bytes] = []
+    for _ in range(n_values):
+        chunks: list[bytes] = []
+        while True:
+            size = src.read(CHUNK.size)
+            if len(size) < CHUNK.size:
+                return None
+            (n,) = CHUNK.unpack(size)
+            if n == 0:
+                break
+            chunk = src.read(n)
+            if len(chunk) < n:
+                return None
+            chunks.append(chunk)
+        values.append(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+    return rid, head, values
 
 
-def unpack(head: bytes, raw: bytes) -> Any:
+def unpack(head: bytes, values: list[bytes]) -> Any:
     """The value a frame carries (a :class:`Raw` again where one was sent)."""
     is_raw, value = pickle.loads(head)
-    return Raw(raw, value) if is_raw else value
+    return Raw(values, value) if is_raw else value  # type: ignore[arg-type]
 
 
 def serve(src: IO[bytes], out: IO[bytes], calls: dict[str, Callable[..., Any]]) -> None:
@@ -116,7 +145,7 @@ def serve(src: IO[bytes], out: IO[bytes], calls: dict[str, Callable[..., Any]]) 
             call = unpack(head, raw)
             if type(call) is Raw:  # large values travelled after the pickle: the last argument
                 name, args = call.meta
-                args = (*args, call.data)
+                args = (*args, call.values)
             else:
                 name, args = call
             answer: Any = (True, calls[name](*args))

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from ._worker import FRAME, Raw, read_frame, unpack, write_frame, yield_cpu
+from ._worker import Raw, RawValue, read_frame, unpack, write_frame, yield_cpu
 
 __all__ = ["Pool", "Raw", "WorkerError", "WorkerGone"]
 
@@ -64,7 +64,7 @@ def _command() -> list[str]:
 class _Call:
     __slots__ = ("future", "head", "raw")
 
-    def __init__(self, head: bytes, raw: list[bytes]) -> None:
+    def __init__(self, head: bytes, raw: list[RawValue]) -> None:
         self.head = head
         self.raw = raw
         self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
@@ -141,13 +141,14 @@ class Pool:
             self.close(wait=False)
             raise
 
-    def submit(self, name: str, args: tuple[Any, ...], raw: list[bytes] | None = None) -> Any:
+    def submit(self, name: str, args: tuple[Any, ...], raw: list[RawValue] | None = None) -> Any:
         """Queue a call; returns a ``concurrent.futures.Future`` of its result.
 
-        ``raw`` pieces travel after the pickle and reach the call as one ``bytes``, its last
-        argument. A call whose answer is a :class:`Raw` resolves to that ``Raw``. ``args`` are
-        pickled here, on the caller's thread, so that a value that does not pickle raises now
-        (nothing is sent) and the worker sees the values as they were at this call."""
+        ``raw`` values (immutable ``str`` and ``bytes``) travel after the pickle, written by the
+        worker's thread, and reach the call as a list of ``bytes``, its last argument. A call
+        whose answer is a :class:`Raw` resolves to that ``Raw``. ``args`` are pickled here, on
+        the caller's thread, so that a value that does not pickle raises now (nothing is sent)
+        and the worker sees the values as they were at this call."""
         # The same header the worker's own frames have: (whether raw bytes follow, the value).
         head = pickle.dumps((bool(raw), (name, args)), protocol=5)
         call = _Call(head, raw or [])
@@ -236,11 +237,7 @@ class Pool:
 
 
 def _send(stdin: IO[bytes], call: _Call) -> None:
-    stdin.write(FRAME.pack(len(call.head), sum(map(len, call.raw)), 0))
-    stdin.write(call.head)
-    for piece in call.raw:
-        stdin.write(piece)
-    stdin.flush()
+    write_frame(stdin, 0, Raw(call.raw) if call.raw else None, call.head)
 
 
 def _answer_within(ch: _Channel, timeout: float) -> None:
