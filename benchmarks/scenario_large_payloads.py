@@ -570,7 +570,7 @@ def one_row(kind: str, payload_kind: str, url: str, calls: int) -> None:
     print(orjson.dumps({"max": row.max_ms, "total": row.total_ms, "p95": row.p95_us}).decode())
 
 
-def old_against_new(old_src: str, calls: int, rounds: int) -> None:
+def old_against_new(old_src: str, calls: int, rounds: int, only: str | None = None) -> None:
     """The offload row of the code in ``old_src`` (a checkout's ``src``) against this
     checkout's, and the untraced baseline, alternating in fresh processes round by round, all
     sending to one sink."""
@@ -578,6 +578,8 @@ def old_against_new(old_src: str, calls: int, rounds: int) -> None:
     sink = Sink()
     try:
         for payload_kind in ("string", "structure"):
+            if only is not None and payload_kind != only:
+                continue
             print(f"\nold against new, {payload_kind} payloads, {calls} calls, {rounds} rounds")
             print(f"{'':<16}{'max ms':>9}{'total ms':>10}{'p95 us':>9}{'delivered':>11}")
             got: dict[str, list[dict[str, float]]] = {}
@@ -629,12 +631,13 @@ def main() -> None:
     parser.add_argument(
         "--old", metavar="SRC", help="compare the offload row with the looptrace in SRC"
     )
+    parser.add_argument("--only", choices=["string", "structure"], help="one payload kind")
     args = parser.parse_args()
     if args.row:
         one_row(*args.row, args.calls)
         return
     if args.old:
-        old_against_new(args.old, args.calls, args.rounds)
+        old_against_new(args.old, args.calls, args.rounds, args.only)
         return
     if args.sink:
         sink_main()

@@ -84,10 +84,13 @@ def write_frame(out: IO[bytes], rid: int, value: Any, head: bytes | None = None)
     out.write(FRAME.pack(len(head), len(values), rid))
     out.write(head)
     for v in values:
-        if isinstance(v, bytes):
-            if v:
-                out.write(CHUNK.pack(len(v)))
-                out.write(v)
+        if isinstance(v, bytes) or v.isascii():
+            # ASCII text encodes with one copy, no slicing first (the GIL is held for that copy
+            # alone; a bytes needs none).
+            data = v if isinstance(v, bytes) else v.encode("ascii")
+            if data:
+                out.write(CHUNK.pack(len(data)))
+                out.write(data)
         else:
             for i in range(0, len(v), PIECE_CHARS):
                 piece = v[i : i + PIECE_CHARS].encode("utf-8", "surrogatepass")
