@@ -255,12 +255,13 @@ def threshold_table() -> None:
             )
 
             def handoff(span: Span = span) -> None:
-                from looptrace._offload import _Lifter, _raw_pieces
+                # What the loop does to hand a span over: the hooks, the walk that lifts its
+                # large values out (the pool's thread copies those) and the pickle of the rest.
+                from looptrace._offload import _Lifter
 
                 wire, inputs, output, pol, cap = _serialize.prepare(span, cfg)
                 lifter = _Lifter()
                 inputs = (inputs[0], lifter.lift(inputs[1]))
-                asyncio.run(_raw_pieces(lifter.values))
                 pickle.dumps((wire, inputs, output, pol, cap, "protobuf"), protocol=5)
 
             loop_ms = best(handoff, n)

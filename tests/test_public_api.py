@@ -48,6 +48,7 @@ EXPECTED = {
     "inject",
     "run_experiment",
     "shutdown",
+    "shutdown_on_signal",
     "shutdown_sync",
     "span",
     "statistics",

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         flush_sync,
         get_config,
         shutdown,
+        shutdown_on_signal,
         shutdown_sync,
         statistics,
     )
@@ -60,6 +61,7 @@ _ORIGIN = {
     "flush_sync": "_pipeline",
     "get_config": "_pipeline",
     "shutdown": "_pipeline",
+    "shutdown_on_signal": "_pipeline",
     "shutdown_sync": "_pipeline",
     "statistics": "_pipeline",
     "Event": "_span",
@@ -129,6 +131,7 @@ __all__ = [
     "inject",
     "run_experiment",
     "shutdown",
+    "shutdown_on_signal",
     "shutdown_sync",
     "span",
     "statistics",

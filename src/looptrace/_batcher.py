@@ -153,26 +153,9 @@ class Buffer:
             self._slow_path()
 
     def _slow_path(self) -> None:
-        dropped = 0
         with self._lock:
             q = self._q
-            while len(q) + self._retry_spans > self.max_spans or (
-                self._in_bytes - self._out_bytes + self._retry_bytes > self.max_bytes
-            ):
-                if self._retry:
-                    batch = self._retry.pop(0)
-                    self._retry_spans -= batch.span_count
-                    self._retry_bytes -= batch.nbytes
-                    dropped += batch.span_count
-                elif len(q) > 1:
-                    _, size = q.popleft()
-                    self._out_count += 1
-                    self._out_bytes += size
-                    dropped += 1
-                else:
-                    break  # one span over the byte budget still goes out
-            if dropped:
-                self.dropped["buffer_full"] += dropped
+            dropped = self._shed()
             crossing = self._armed and (
                 len(q) >= (1 if self._idle_wake else self.batch_spans)
                 or self._in_bytes - self._out_bytes >= self.batch_bytes
@@ -184,6 +167,31 @@ class Buffer:
             self._on_crossing()
         if dropped:
             self._on_drop("buffer_full", dropped)
+
+    def _shed(self) -> int:
+        """Under the lock: drop the oldest pending spans (batches waiting for a retry first,
+        then raw spans) until the pending count and bytes are within their budgets; returns
+        how many were dropped, already counted as ``buffer_full``."""
+        dropped = 0
+        q = self._q
+        while len(q) + self._retry_spans > self.max_spans or (
+            self._in_bytes - self._out_bytes + self._retry_bytes > self.max_bytes
+        ):
+            if self._retry and (len(self._retry) > 1 or q):
+                batch = self._retry.pop(0)
+                self._retry_spans -= batch.span_count
+                self._retry_bytes -= batch.nbytes
+                dropped += batch.span_count
+            elif len(q) > 1:
+                _, size = q.popleft()
+                self._out_count += 1
+                self._out_bytes += size
+                dropped += 1
+            else:
+                break  # one span or batch over the byte budget still goes out
+        if dropped:
+            self.dropped["buffer_full"] += dropped
+        return dropped
 
     def _rearm_thresholds(self) -> None:
         # Under the lock. While armed, wake at a batch's worth; once the flusher has been told,
@@ -305,7 +313,12 @@ class Buffer:
             self._retry.insert(i, batch)
             self._retry_spans += batch.span_count
             self._retry_bytes += batch.nbytes
+            # Failed sends come back as encoded batches while new spans keep arriving: the
+            # budget holds here too, not only at the next push.
+            dropped = self._shed()
             self._rearm_thresholds()
+        if dropped:
+            self._on_drop("buffer_full", dropped)
 
     def drop(self, batch: Batch, reason: str) -> int:
         """Give up on an in-flight batch; returns how many spans were dropped."""

@@ -52,6 +52,8 @@ FALLBACKS = (
 )
 
 _START_TIMEOUT = 60.0
+# How much longer than twice the export timeout a worker may take to answer for a span it sends.
+_ANSWER_GRACE = 5.0
 # A str or bytes at least this large travels raw, after the pickle.
 MIN_RAW_BYTES = 64 * 1024
 
@@ -218,7 +220,17 @@ class Offloader:
         except Exception as exc:
             return self._finish_inline(*job.prepared, job.encoding, self._unsent(pool, exc))
         try:
-            kind, detail, counts = await asyncio.wrap_future(future)
+            # The worker's request has the export timeout as its deadline; a worker that has
+            # not answered well past it is stuck (in a system call the deadline cannot reach)
+            # and is replaced, and this span is sent from here, under the same deadline.
+            kind, detail, counts = await asyncio.wait_for(
+                asyncio.wrap_future(future), 2 * dest.http.timeout + _ANSWER_GRACE
+            )
+        except asyncio.TimeoutError:
+            pool.abandon()
+            return self._finish_inline(
+                *job.prepared, job.encoding, self._refused(pool, _workers.WorkerGone("broken"))
+            )
         except Exception as exc:
             return self._finish_inline(*job.prepared, job.encoding, self._refused(pool, exc))
         if kind == "error":

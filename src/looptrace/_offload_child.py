@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from . import _otlp, _serialize
@@ -26,7 +27,7 @@ __all__ = ["CALLS", "LIFT_BUDGET", "Slot", "restore"]
 LIFT_BUDGET = 256
 
 # An answer's body is a status message; more than this is not read, and the connection that
-# carried it is not reused.
+# carried it is not reused (the same bound as the application's client).
 _ANSWER_BYTES = 64 * 1024
 # A body goes to the HTTP client in pieces of at most this size: a client that copies the
 # unsent rest of a piece after a partial send then copies a little, not megabytes.
@@ -205,23 +206,29 @@ def post(
     if client is None:
         client = _clients[http] = http.sync_client()
     headers["Content-Length"] = str(sum(map(len, body)))
+    deadline = time.monotonic() + http.timeout
     try:
-        return _post_once(client, http.url, body, headers)
+        return _post_once(client, http.url, body, headers, deadline)
     except httpx.RemoteProtocolError:
         # A kept-alive connection the server closed while idle, in the instant before it was
         # reused: nothing was answered, so once more on a new connection.
-        return _post_once(client, http.url, body, headers)
+        return _post_once(client, http.url, body, headers, deadline)
 
 
 def _post_once(
-    client: httpx.Client, url: str, body: list[bytes], headers: dict[str, str]
+    client: httpx.Client, url: str, body: list[bytes], headers: dict[str, str], deadline: float
 ) -> tuple[int, str | None, bytes]:
+    import httpx
+
     with client.stream("POST", url, content=_steps(body), headers=headers) as response:
         detail = bytearray()
         for part in response.iter_raw():
             detail += part
             if len(detail) >= _ANSWER_BYTES:
                 break  # the rest is not read; closing the response drops the connection
+            if time.monotonic() > deadline:
+                # An answer that trickles in past the deadline: the request failed.
+                raise httpx.ReadTimeout("the answer did not arrive within the export timeout")
         return response.status_code, response.headers.get("retry-after"), bytes(detail[:200])
 
 

@@ -1329,15 +1329,47 @@ def statistics() -> Statistics:
     return pipeline.statistics()
 
 
+class _AfterExit:
+    """The sink once the exit flush has run: a span that ends later (a generator suspended
+    until the interpreter tears it down) cannot be sent, so it is counted as dropped
+    (``shutdown``) and said once on standard error."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self._pipeline = pipeline
+        self._told = False
+
+    def on_start(self, span: Span) -> None:
+        pass
+
+    def on_end(self, span: Span) -> None:
+        dropped = self._pipeline.buffer.dropped
+        dropped["shutdown"] = dropped.get("shutdown", 0) + 1
+        if self._told:
+            return
+        self._told = True
+        try:
+            stream = sys.stderr
+            if stream is not None:
+                stream.write(
+                    f"looptrace: span {span.name!r} ended after the final flush at exit and "
+                    "was not sent (a generator left suspended?)\n"
+                )
+        except Exception:
+            pass
+
+
 def _at_exit() -> None:
     pipeline = _pipeline
     if pipeline is None:
         return
-    _state.sink = _state.NullSink()
+    _state.sink = _AfterExit(pipeline)
     if pipeline.buffer.idle():
         pipeline._finish_close()  # nothing to send; reports drops not yet logged
         return
-    result = pipeline.shutdown_sync(pipeline.cfg.shutdown_timeout)
+    _report_lost(pipeline.shutdown_sync(pipeline.cfg.shutdown_timeout))
+
+
+def _report_lost(result: FlushResult) -> None:
     lost = sum(result.dropped.values())
     if lost:
         # logging's last-resort handler prints this to stderr even when logging is not set up.
@@ -1346,6 +1378,35 @@ def _at_exit() -> None:
             lost,
             ", ".join(f"{k}={v}" for k, v in result.dropped.items() if v),
         )
+
+
+def shutdown_on_signal(*signals: int) -> None:
+    """Flush and report, within the shutdown deadline, when the process is told to stop.
+
+    By default SIGTERM ends a Python process at once: no ``atexit`` handler runs, so spans not
+    yet sent are lost without a word. After ``looptrace.shutdown_on_signal()`` (SIGTERM when
+    no signal is named) the signal first runs the same final flush as a normal exit
+    (``shutdown_timeout``), reporting on standard error what could not be sent, then does what
+    it did before: calls the handler that was installed, or, for the default action, ends the
+    process by the same signal (so its exit status still says which). Call it from the main
+    thread, as Python requires of signal handlers."""
+    import signal
+
+    for signum in signals or (signal.SIGTERM,):
+        previous = signal.getsignal(signum)
+
+        def handler(received: int, frame: Any, previous: Any = previous) -> None:
+            pipeline = _pipeline
+            if pipeline is not None:
+                # Detached: if the program goes on after all, its next span starts anew.
+                _report_lost(shutdown_sync(pipeline.cfg.shutdown_timeout))
+            if callable(previous):
+                previous(received, frame)
+            elif previous != signal.SIG_IGN:
+                signal.signal(received, signal.SIG_DFL)
+                signal.raise_signal(received)
+
+        signal.signal(signum, handler)
 
 
 def _after_fork_in_child() -> None:
@@ -1373,6 +1434,7 @@ __all__ = [
     "flush_sync",
     "get_config",
     "shutdown",
+    "shutdown_on_signal",
     "shutdown_sync",
     "statistics",
 ]

@@ -316,8 +316,10 @@ class Span:
                     hook(self)
             _state.sink.on_end(self)
         except Exception as exc:
-            from ._errors import internal_error
-
+            try:
+                from ._errors import internal_error
+            except Exception:  # the interpreter is being torn down: nothing left to tell
+                return
             internal_error("span.end", exc)
 
 

@@ -41,6 +41,11 @@ _RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
 
 T = TypeVar("T")
 
+# A backend's answer is a status and, at most, a short message: no more of its body than this
+# is read, and the connection that carried a longer one is dropped, so a misbehaving backend,
+# proxy or load balancer cannot grow the application's memory.
+MAX_RESPONSE_BYTES = 64 * 1024
+
 
 _background: concurrent.futures.ThreadPoolExecutor | None = None
 _background_lock = threading.Lock()
@@ -136,6 +141,9 @@ class HttpTransport:
         return f"HttpTransport({self.settings!r})"
 
     async def send(self, body: bytes, headers: Mapping[str, str]) -> Response:
+        """POST ``body``. ``settings.timeout`` bounds the whole request, answer included (a
+        server that answers a byte at a time does not hold it longer): past it,
+        ``TimeoutError``. At most ``MAX_RESPONSE_BYTES`` of the answer's body are read."""
         client = self._client
         if client is None:
             # Building a client loads the TLS trust store (tens to hundreds of milliseconds):
@@ -146,8 +154,20 @@ class HttpTransport:
             else:  # another send built one meanwhile
                 await client.aclose()
                 client = self._client
-        resp = await client.post(self.url, content=body, headers=dict(headers))
-        return Response(resp.status_code, resp.headers, resp.content)
+        return await asyncio.wait_for(
+            self._post(client, body, dict(headers)), self.settings.timeout
+        )
+
+    async def _post(
+        self, client: httpx.AsyncClient, body: bytes, headers: dict[str, str]
+    ) -> Response:
+        async with client.stream("POST", self.url, content=body, headers=headers) as resp:
+            detail = bytearray()
+            async for part in resp.aiter_raw():
+                detail += part
+                if len(detail) >= MAX_RESPONSE_BYTES:
+                    break  # leaving the block unread closes the connection
+            return Response(resp.status_code, resp.headers, bytes(detail[:MAX_RESPONSE_BYTES]))
 
     def _new_client(self) -> httpx.AsyncClient:
         # httpx imports its async backend on the first request; do it here, off the loop.

@@ -228,6 +228,11 @@ class Pool:
         except RuntimeError:  # interpreter shutdown: no new threads
             pass
 
+    def abandon(self) -> None:
+        """Stop a pool whose worker stopped answering: its calls fail as ``broken``."""
+        if os.getpid() == self._pid:
+            self._break("broken")
+
     def close(self, wait: bool = True) -> None:
         """Stop the workers; calls not answered yet fail with ``WorkerGone("shutdown")``.
         With ``wait``, return once the processes have exited."""
