@@ -138,6 +138,8 @@ class OtlpTestServer:
         self._active = 0
         self.max_concurrency = 0  # the most requests the server was handling at once
         self.times: list[float] = []  # time.monotonic() of each request's arrival
+        # (arrival, answered, status) of each request, for overlap checks.
+        self.intervals: list[tuple[float, float, int]] = []
         self._server: http.server.ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.port = 0
@@ -383,20 +385,23 @@ class OtlpTestServer:
         body = h.rfile.read(length) if length else b""
         headers = {k.lower(): v for k, v in h.headers.items()}
         with self._cond:
-            self.times.append(time.monotonic())
+            arrived = time.monotonic()
+            self.times.append(arrived)
             self._active += 1
             self.max_concurrency = max(self.max_concurrency, self._active)
             self._cond.notify_all()
+        status = 0
         try:
-            self._answer(h, body, headers)
+            status = self._answer(h, body, headers)
         finally:
             with self._cond:
                 self._active -= 1
+                self.intervals.append((arrived, time.monotonic(), status))
                 self._cond.notify_all()
 
     def _answer(
         self, h: http.server.BaseHTTPRequestHandler, body: bytes, headers: dict[str, str]
-    ) -> None:
+    ) -> int:
         fault = self._next_fault()
         wait = self.latency + fault.delay
         if wait > 0:
@@ -410,7 +415,7 @@ class OtlpTestServer:
             h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             h.connection.close()
             h.close_connection = True
-            return
+            return 0
         request: ExportTraceServiceRequest | None = None
         error = None
         status = fault.status
@@ -424,7 +429,7 @@ class OtlpTestServer:
             h.send_response(200)
             h.send_header("Content-Length", "0")
             h.end_headers()
-            return
+            return 200
         else:
             try:
                 request = decode_body(
@@ -451,6 +456,7 @@ class OtlpTestServer:
         h.send_header("Content-Length", str(len(payload)))
         h.end_headers()
         h.wfile.write(payload)
+        return status
 
 
 class OtlpServerProcess:

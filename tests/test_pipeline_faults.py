@@ -56,6 +56,42 @@ async def test_a_503_storm_loses_nothing(server: OtlpTestServer) -> None:
     assert 503 in server.statuses()
 
 
+def _most_at_once(intervals: list[tuple[float, float]]) -> int:
+    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most
+
+
+async def test_a_failing_backend_gets_one_probe_at_a_time_and_everything_once_back(
+    server: OtlpTestServer,
+) -> None:
+    """While the backend answers 503, once the first failure is known, requests go one at a
+    time (a probe); when it answers again, what queued up goes out at once, as many requests
+    in parallel as the in-flight limit allows; every span arrives, and none twice."""
+    use(server, max_batch_spans=50, max_concurrent_requests=4)
+    server.fail_for(1.5, status=503)
+    storm_ends = time.monotonic() + 1.5
+    produced = 0
+    while time.monotonic() < storm_ends:
+        make_spans(25, prefix=f"b{produced}-")
+        produced += 25
+        await asyncio.sleep(0.05)
+    server.latency = 0.2  # back, but slow: requests sent together are seen together
+    assert (await looptrace.flush(10)).ok
+    failed = [(start, end) for start, end, status in server.intervals if status == 503]
+    first_known = min(end for _, end in failed)
+    probes = [(start, end) for start, end in failed if start >= first_known]
+    assert len(probes) >= 2
+    assert _most_at_once(probes) == 1
+    recovered = [(start, end) for start, end, status in server.intervals if status == 200]
+    assert _most_at_once(recovered) > 1
+    assert server.accepted_span_count == produced
+    assert server.accepted_record_count == produced  # none twice
+
+
 async def test_429_with_retry_after_waits_that_long(server: OtlpTestServer) -> None:
     """A 429 carrying Retry-After: 1 delays the retry by at least a second (jitter alone would
     retry within 0.2 s), then the batch goes through."""

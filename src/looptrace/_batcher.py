@@ -397,6 +397,10 @@ class Buffer:
         return self._in_bytes - self._out_bytes + self._retry_bytes
 
     @property
+    def in_flight_batches(self) -> int:
+        return len(self._in_flight)
+
+    @property
     def in_flight_spans(self) -> int:
         return self._in_flight_spans
 

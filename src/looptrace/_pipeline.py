@@ -229,6 +229,8 @@ class Pipeline:
         self._closed = threading.Event()
         self._retry_at = 0.0  # monotonic: no request before this (backoff after a failure)
         self._consecutive_failures = 0
+        # While the backend fails, one request at a time probes it; set at the first failure.
+        self._failing_since: float | None = None
         self.requests_sent = 0
         self.requests_failed = 0
         self.retries = 0
@@ -510,6 +512,10 @@ class Pipeline:
                 await slots.acquire()
                 self._spawn(home, records)
         while self._retry_at <= time.monotonic():
+            if self._failing_since is not None and self.buffer.in_flight_batches:
+                # The backend is failing: one request probes it at a time. Its answer wakes
+                # this flusher; a success sends everything queued at once.
+                return
             await slots.acquire()
             batch = self.buffer.take_retry()
             if batch is not None:
@@ -731,6 +737,9 @@ class Pipeline:
             with self._lock:
                 self.requests_sent += 1
                 self._consecutive_failures = 0
+                if self._failing_since is not None:
+                    self._failing_since = None
+                    self._retry_at = 0.0  # back: the in-flight limit paces what is queued
             self.buffer.sent(batch)
         elif verdict == "retry":
             self._failed(
@@ -757,7 +766,11 @@ class Pipeline:
         with self._lock:
             self.requests_failed += 1
             self.last_error = error
-            delay = self.retry.delay(self._consecutive_failures, retry_after)
+            if self._failing_since is None:
+                self._failing_since = now
+            delay = self.retry.delay(
+                self._consecutive_failures, retry_after, now - self._failing_since
+            )
             exhausted = now + delay - batch.first_failure > self.retry.budget
             if not exhausted:
                 self._consecutive_failures += 1

@@ -212,7 +212,11 @@ class InMemoryTransport:
 
 @dataclasses.dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff with full jitter, bounded by ``max_delay`` and a total ``budget``."""
+    """Exponential backoff with full jitter, bounded by ``max_delay`` and a total ``budget``.
+
+    The ceiling also grows no faster than the outage: at most ``base_delay`` plus a fifth of
+    how long the backend has been failing. A backend that comes back after a short outage is
+    found again within a fraction of that outage; one that stays down is probed rarely."""
 
     base_delay: float = 0.1
     max_delay: float = 5.0
@@ -229,12 +233,17 @@ class RetryPolicy:
             return "split"
         return "reject"
 
-    def delay(self, attempt: int, retry_after: float | None = None) -> float:
-        """Seconds to wait before retry number ``attempt`` (0-based).
+    def delay(
+        self, attempt: int, retry_after: float | None = None, failing_for: float | None = None
+    ) -> float:
+        """Seconds to wait before retry number ``attempt`` (0-based), the backend having
+        failed for ``failing_for`` seconds (None: not known, no bound from it).
 
         Full jitter spreads clients that failed together; a server's Retry-After is a floor.
         """
         ceiling = min(self.max_delay, self.base_delay * (2 ** min(attempt, 32)))
+        if failing_for is not None:
+            ceiling = min(ceiling, self.base_delay + failing_for / 5)
         wait = random.uniform(0.0, ceiling)
         if retry_after is not None:
             wait = max(wait, retry_after)
