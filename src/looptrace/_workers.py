@@ -121,7 +121,7 @@ class Pool:
                 # core (the worker does it again itself where this cannot reach it).
                 yield_cpu(process.pid)
                 for pipe in (process.stdin, process.stdout):
-                    with contextlib.suppress(AttributeError, OSError):
+                    with contextlib.suppress(ImportError, AttributeError, OSError):
                         import fcntl
 
                         fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)  # type: ignore[union-attr,attr-defined,unused-ignore]
