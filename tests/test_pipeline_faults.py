@@ -72,6 +72,7 @@ async def test_a_failing_backend_gets_one_probe_at_a_time_and_everything_once_ba
     time (a probe); when it answers again, what queued up goes out at once, as many requests
     in parallel as the in-flight limit allows; every span arrives, and none twice."""
     use(server, max_batch_spans=50, max_concurrent_requests=4)
+    server.latency = 0.1  # slow answers: requests sent together are seen together
     server.fail_for(1.5, status=503)
     storm_ends = time.monotonic() + 1.5
     produced = 0
@@ -79,7 +80,6 @@ async def test_a_failing_backend_gets_one_probe_at_a_time_and_everything_once_ba
         make_spans(25, prefix=f"b{produced}-")
         produced += 25
         await asyncio.sleep(0.05)
-    server.latency = 0.2  # back, but slow: requests sent together are seen together
     assert (await looptrace.flush(10)).ok
     failed = [(start, end) for start, end, status in server.intervals if status == 503]
     first_known = min(end for _, end in failed)

@@ -774,14 +774,16 @@ def _compressed(body: bytes, compression: str) -> tuple[bytes, str]:
 _CHUNK = 256 * 1024
 
 
-def decompress(body: bytes, content_encoding: str | None, max_size: int) -> bytes:
+def decompress(body: bytes | bytearray, content_encoding: str | None, max_size: int) -> bytes:
     """Undo ``Content-Encoding`` (gzip, deflate, zstd, identity), refusing to produce more than
-    ``max_size`` bytes: a small compressed body can expand without bound."""
+    ``max_size`` bytes: a small compressed body can expand without bound. The output is built
+    a chunk at a time in one buffer, which is returned as it is (a ``bytearray`` for a
+    compressed body): a body at the limit costs the limit, not twice it."""
     enc = (content_encoding or "identity").strip().lower()
     if enc in ("", "identity", "none"):
         if len(body) > max_size:
             raise DecodeError(f"body exceeds {max_size} bytes")
-        return body
+        return body  # type: ignore[return-value]  # bytes-like: the decoders take either
     if enc in ("gzip", "x-gzip", "deflate"):
         return _inflate(body, 31 if enc != "deflate" else 15, enc, max_size)
     if enc == "zstd":
@@ -793,18 +795,18 @@ def _too_big(max_size: int) -> DecodeError:
     return DecodeError(f"decompressed body exceeds {max_size} bytes")
 
 
-def _inflate(body: bytes, wbits: int, name: str, max_size: int) -> bytes:
+def _inflate(body: bytes | bytearray, wbits: int, name: str, max_size: int) -> bytes:
     out = bytearray()
     data = body
     try:
         while True:
             d = zlib.decompressobj(wbits)
             while data:
-                out += d.decompress(data, max_size + 1 - len(out))
+                out += d.decompress(data, min(_CHUNK, max_size + 1 - len(out)))
                 if len(out) > max_size:
                     raise _too_big(max_size)
                 data = d.unconsumed_tail
-            out += d.flush()
+            out += d.flush(_CHUNK)
             if len(out) > max_size:
                 raise _too_big(max_size)
             if not d.eof:
@@ -815,10 +817,10 @@ def _inflate(body: bytes, wbits: int, name: str, max_size: int) -> bytes:
                 break
     except zlib.error as exc:
         raise DecodeError(f"invalid {name} body: {exc}") from None
-    return bytes(out)
+    return out  # type: ignore[return-value]  # bytes-like: the decoders take either
 
 
-def _unzstd(body: bytes, max_size: int) -> bytes:
+def _unzstd(body: bytes | bytearray, max_size: int) -> bytes:
     zstd = _zstd()
     if zstd is None:
         raise DecodeError("zstd body but the zstandard package is not installed")
@@ -836,7 +838,7 @@ def _unzstd(body: bytes, max_size: int) -> bytes:
                 raise _too_big(max_size)
     except zstd.ZstdError as exc:
         raise DecodeError(f"invalid zstd body: {exc}") from None
-    return bytes(out)
+    return out  # type: ignore[return-value]  # bytes-like; the decoders take either
 
 
 # ---------------------------------------------------------------------------------------------
@@ -844,23 +846,43 @@ def _unzstd(body: bytes, max_size: int) -> bytes:
 # ---------------------------------------------------------------------------------------------
 
 
+class TooManySpans(DecodeError):
+    """A request holds more spans than the receiver takes in one request."""
+
+
+class _Spans(list):  # type: ignore[type-arg]
+    """The decoded spans of one request, refusing to grow past ``limit``: decoding memory is
+    a multiple of the span count, so a request of millions of tiny spans stops early."""
+
+    def __init__(self, limit: int | None) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def append(self, span: DecodedSpan) -> None:
+        if self.limit is not None and len(self) >= self.limit:
+            raise TooManySpans(f"request holds more than {self.limit} spans: send smaller batches")
+        super().append(span)
+
+
 def decode_request(
-    body: bytes,
+    body: bytes | bytearray,
     content_type: str | None,
     content_encoding: str | None = None,
     max_decompressed: int = DEFAULT_MAX_DECOMPRESSED,
+    max_spans: int | None = None,
 ) -> list[DecodedSpan]:
     """Every span in an OTLP/HTTP trace request, from any OpenTelemetry SDK.
 
     ``content_type`` picks the encoding (``application/json`` or ``application/x-protobuf``;
-    parameters such as ``; charset=utf-8`` are ignored). Raises :class:`DecodeError`.
+    parameters such as ``; charset=utf-8`` are ignored). Raises :class:`DecodeError`, and
+    :class:`TooManySpans` past ``max_spans``.
     """
-    raw = decompress(bytes(body), content_encoding, max_decompressed)
+    raw = decompress(body, content_encoding, max_decompressed)
     media = (content_type or PROTOBUF_CONTENT_TYPE).split(";", 1)[0].strip().lower()
     if media == JSON_CONTENT_TYPE:
-        return _decode_json_request(raw)
+        return _decode_json_request(raw, _Spans(max_spans))
     if media in (PROTOBUF_CONTENT_TYPE, "application/protobuf", "application/octet-stream"):
-        return _decode_pb_request(raw)
+        return _decode_pb_request(raw, _Spans(max_spans))
     raise DecodeError(f"unsupported Content-Type {content_type!r}")
 
 
@@ -1037,7 +1059,7 @@ def _pb_any(buf: bytes, pos: int, end: int, depth: int) -> Any:
         elif f == 6:
             value = dict(_pb_kvlist(buf, v[0], v[1], depth + 1))
         elif f == 7:
-            value = buf[v[0] : v[1]]
+            value = bytes(buf[v[0] : v[1]])
     return value
 
 
@@ -1109,16 +1131,15 @@ def _pb_id(buf: bytes, v: tuple[int, int], size: int, what: str, optional: bool 
     return buf[v[0] : v[1]].hex()
 
 
-def _decode_pb_request(buf: bytes) -> list[DecodedSpan]:
+def _decode_pb_request(buf: bytes, spans: list[DecodedSpan] | None = None) -> list[DecodedSpan]:
     try:
-        return _decode_pb_request_unchecked(buf)
+        return _decode_pb_request_unchecked(buf, [] if spans is None else spans)
     except IndexError:
         # A fast path read past the very end of the body: only a truncated body does that.
         raise DecodeError("truncated message") from None
 
 
-def _decode_pb_request_unchecked(buf: bytes) -> list[DecodedSpan]:
-    spans: list[DecodedSpan] = []
+def _decode_pb_request_unchecked(buf: bytes, spans: list[DecodedSpan]) -> list[DecodedSpan]:
     pos, end = 0, len(buf)
     while pos < end:
         f, wt, v, pos = _next_field(buf, pos, end)
@@ -1468,13 +1489,14 @@ def _json_attrs_dict(v: Any, what: str) -> dict[str, Any]:
     return out
 
 
-def _decode_json_request(raw: bytes) -> list[DecodedSpan]:
+def _decode_json_request(raw: bytes, spans: list[DecodedSpan] | None = None) -> list[DecodedSpan]:
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise DecodeError(f"invalid JSON: {exc}") from None
     doc = _obj(doc, "request")
-    spans: list[DecodedSpan] = []
+    if spans is None:
+        spans = []
     for rs in _arr(_get(doc, "resourceSpans", "resource_spans"), "resourceSpans"):
         rs = _obj(rs, "resourceSpans[]")
         res = _obj(rs.get("resource") or {}, "resource")

@@ -302,7 +302,18 @@ class Store:
         )
         conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
         if not self._opened:
-            self._open(conn)
+            # Switching a new file to WAL and creating its tables can meet another connection
+            # doing the same (two processes opening one store): SQLite then answers "locked"
+            # at once, without its busy handler. Retried within the busy timeout.
+            deadline = time.monotonic() + self._busy_ms / 1000
+            while True:
+                try:
+                    self._open(conn)
+                    break
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.01)
         # FULL: in WAL mode, NORMAL may lose the last commits on power loss, and the collector
         # answers 200 only for what is durable. One fsync per batch, not per span.
         conn.execute("PRAGMA synchronous = FULL")
@@ -641,9 +652,15 @@ class Store:
             ]
 
     def get_trace(
-        self, trace_id: str, preview: int | None = None, *, span_id: str | None = None
+        self,
+        trace_id: str,
+        preview: int | None = None,
+        *,
+        span_id: str | None = None,
+        limit: int | None = None,
     ) -> list[dict[str, Any]]:
-        """Every span of a trace, ordered by start time (empty if unknown).
+        """Every span of a trace (the first ``limit``, with one), ordered by start time (empty
+        if unknown).
 
         With ``preview=None`` each row is complete: ``attributes`` includes ``input.value`` and
         ``output.value``. With ``preview=N`` the payloads are left out of ``attributes`` and
@@ -664,6 +681,7 @@ class Store:
             "WHERE s.trace_id = ?"
             + (" AND s.span_id = ?" if span_id is not None else "")
             + " ORDER BY s.start_ns, s.span_id"
+            + (f" LIMIT {int(limit)}" if limit is not None else "")
         )
         resources: dict[str, Any] = {}
         out = []

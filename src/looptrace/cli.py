@@ -358,6 +358,20 @@ def _show_experiment(exp: dict[str, Any], as_json: bool) -> None:
 @click.option(
     "--max-decompressed-bytes", default=128 * 1024 * 1024, show_default=True, type=click.IntRange(1)
 )
+@click.option(
+    "--max-pending-bytes",
+    default=256 * 1024 * 1024,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Request bodies held at once, all requests together; past it: 429 with Retry-After.",
+)
+@click.option(
+    "--max-spans-per-request",
+    default=50_000,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Spans in one request; past it: 413.",
+)
 @click.option("--no-viewer", is_flag=True, help="Serve only /v1/traces and /api.")
 @click.option(
     "--log-level",
@@ -373,6 +387,8 @@ def serve(
     token: str | None,
     max_body_bytes: int,
     max_decompressed_bytes: int,
+    max_pending_bytes: int,
+    max_spans_per_request: int,
     no_viewer: bool,
     log_level: str,
 ) -> None:
@@ -414,6 +430,8 @@ def serve(
             token=token,
             max_body_bytes=max_body_bytes,
             max_decompressed_bytes=max_decompressed_bytes,
+            max_pending_bytes=max_pending_bytes,
+            max_spans_per_request=max_spans_per_request,
             extra_routes=extra,
             log_level=log_level,
         )

@@ -16,6 +16,7 @@ import contextlib
 import hmac
 import os
 import sqlite3
+import threading
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from pathlib import Path
@@ -37,6 +38,9 @@ __all__ = [
     "DEFAULT_HOST",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_DECOMPRESSED_BYTES",
+    "DEFAULT_MAX_PENDING_BYTES",
+    "DEFAULT_MAX_SPANS_PER_REQUEST",
+    "DEFAULT_MAX_TRACE_SPANS",
     "DEFAULT_PORT",
     "create_app",
     "is_loopback",
@@ -47,6 +51,13 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4318
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_DECOMPRESSED_BYTES = 128 * 1024 * 1024
+# Request bodies held at once, all requests together (as received, and once decompressed).
+DEFAULT_MAX_PENDING_BYTES = 256 * 1024 * 1024
+# Spans in one request: decoding costs memory per span, so a request of millions of tiny
+# spans is refused (413) instead. OTLP exporters send a few thousand at most.
+DEFAULT_MAX_SPANS_PER_REQUEST = 50_000
+# Spans one trace read returns (``/api/traces/<id>``); past it the answer says ``truncated``.
+DEFAULT_MAX_TRACE_SPANS = 20_000
 TOKEN_COOKIE = "looptrace_token"
 
 _Scope = MutableMapping[str, Any]
@@ -106,7 +117,7 @@ def _otlp_response(encoding: str, status: int, message: str = "") -> Response:
 
 def _rpc_code(status: int) -> int:
     # google.rpc.Code: INVALID_ARGUMENT, UNAUTHENTICATED, RESOURCE_EXHAUSTED, UNAVAILABLE.
-    return {400: 3, 401: 16, 413: 8, 415: 3, 503: 14}.get(status, 2)
+    return {400: 3, 401: 16, 413: 8, 415: 3, 429: 8, 503: 14}.get(status, 2)
 
 
 def _varint(n: int) -> bytes:
@@ -130,16 +141,60 @@ def _size(n: int) -> str:
 
 
 class _Limits:
-    def __init__(self, max_body: int, max_decompressed: int) -> None:
+    def __init__(
+        self, max_body: int, max_decompressed: int, max_pending: int, max_spans: int
+    ) -> None:
         self.max_body = max_body
         self.max_decompressed = max_decompressed
+        self.max_spans = max_spans
+        self.pending = _Budget(max_pending)
         # Created on first use, inside the server's event loop.
         self.limiter: anyio.CapacityLimiter | None = None
 
 
+class _Budget:
+    """Bytes of request bodies held by all requests together: taken as a body arrives, given
+    back when the request is answered. A request that would pass the budget is answered 429
+    with Retry-After, which every OTLP exporter retries. (Decompressed bodies and decoded
+    spans are bounded apart: by the decompressed limit and the span cap, times the number of
+    requests decoded at once.)"""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._lock = threading.Lock()  # taken on the loop and in decoding threads
+
+    def take(self, n: int) -> bool:
+        with self._lock:
+            if self.held + n > self.limit:
+                return False
+            self.held += n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.held -= n
+
+
+def _busy(encoding: str) -> Response:
+    response = _otlp_response(
+        encoding, 429, "the collector holds as many request bodies as it takes: retry"
+    )
+    response.headers["Retry-After"] = "1"
+    return response
+
+
 async def _receive_traces(request: Request) -> Response:
-    store: Store = request.app.state.store
     limits: _Limits = request.app.state.limits
+    taken = [0]
+    try:
+        return await _receive(request, limits, taken)
+    finally:
+        limits.pending.give(taken[0])
+
+
+async def _receive(request: Request, limits: _Limits, taken: list[int]) -> Response:
+    store: Store = request.app.state.store
     content_type = request.headers.get("content-type", "")
     encoding = _MEDIA_TYPES.get(content_type.split(";", 1)[0].strip().lower())
     if encoding is None:
@@ -156,21 +211,31 @@ async def _receive_traces(request: Request) -> Response:
         )
     body = bytearray()
     async for chunk in request.stream():
-        body += chunk
-        if len(body) > limits.max_body:
+        if len(body) + len(chunk) > limits.max_body:
             # Stop reading: the rest of an oversized body is never buffered.
             return _otlp_response(encoding, 413, f"request body exceeds {_size(limits.max_body)}")
+        if not limits.pending.take(len(chunk)):
+            return _busy(encoding)
+        taken[0] += len(chunk)
+        body += chunk
     content_encoding = request.headers.get("content-encoding")
 
     def decode_and_write() -> Response:
         try:
             spans = _otlp.decode_request(
-                bytes(body), content_type, content_encoding, limits.max_decompressed
+                body,
+                content_type,
+                content_encoding,
+                limits.max_decompressed,
+                limits.max_spans,
             )
         except _otlp.DecodeError as exc:
             message = str(exc)
-            status = 413 if message.startswith("decompressed body exceeds") else 400
-            return _otlp_response(encoding, status, message)
+            too_big = isinstance(exc, _otlp.TooManySpans) or message.startswith(
+                "decompressed body exceeds"
+            )
+            return _otlp_response(encoding, 413 if too_big else 400, message)
+        body.clear()
         try:
             store.write(spans)
         except (sqlite3.OperationalError, StoreError) as exc:
@@ -180,7 +245,7 @@ async def _receive_traces(request: Request) -> Response:
         return _otlp_response(encoding, 200)
 
     if limits.limiter is None:
-        # Bounds how many decoded bodies sit in memory at once.
+        # Bounds how many bodies are decoded at once (each holds its decoded spans).
         limits.limiter = anyio.CapacityLimiter(max(2, os.cpu_count() or 2))
     return await anyio.to_thread.run_sync(decode_and_write, limiter=limits.limiter)
 
@@ -234,14 +299,19 @@ async def _api_trace(request: Request) -> Response:
     store: Store = request.app.state.store
     trace_id = request.path_params["trace_id"].lower()
     preview = _int_param(request, "preview", 1000, 0, 10**8)
+    cap: int = request.app.state.max_trace_spans
+    limit = _int_param(request, "limit", cap, 1, cap)
 
     def read() -> tuple[Any, Any]:
-        return store.get_trace_summary(trace_id), store.get_trace(trace_id, preview=preview)
+        # One more than asked: whether the trace goes on past the page, without counting it.
+        spans = store.get_trace(trace_id, preview=preview, limit=limit + 1)
+        return store.get_trace_summary(trace_id), spans
 
     summary, spans = await anyio.to_thread.run_sync(read)
     if summary is None:
         return _api_error(404, f"no trace {trace_id}")
-    return JSONResponse({"trace": summary, "spans": spans})
+    truncated = len(spans) > limit
+    return JSONResponse({"trace": summary, "spans": spans[:limit], "truncated": truncated})
 
 
 async def _api_span(request: Request) -> Response:
@@ -350,7 +420,8 @@ class _TokenGate:
         given = [v for k, v in query if k == "token"]
         if scope["method"] == "GET" and given and self._ok(given[0].encode()):
             rest = urllib.parse.urlencode([(k, v) for k, v in query if k != "token"])
-            location = scope["path"] + ("?" + rest if rest else "")
+            # One leading slash: "//host/..." (or "/\\host") in a Location is another site.
+            location = "/" + scope["path"].lstrip("/\\") + ("?" + rest if rest else "")
             cookie = f"{TOKEN_COOKIE}={given[0]}; HttpOnly; SameSite=Strict; Path=/"
             await Response(status_code=303, headers={"location": location, "set-cookie": cookie})(
                 scope, receive, send
@@ -374,6 +445,9 @@ def create_app(
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+    max_spans_per_request: int = DEFAULT_MAX_SPANS_PER_REQUEST,
+    max_trace_spans: int = DEFAULT_MAX_TRACE_SPANS,
     extra_routes: Sequence[BaseRoute] = (),
     store: Store | None = None,
 ) -> Any:
@@ -403,7 +477,10 @@ def create_app(
 
     app = Starlette(routes=[*api_routes(), *extra_routes], lifespan=lifespan)
     app.state.store = store
-    app.state.limits = _Limits(max_body_bytes, max_decompressed_bytes)
+    app.state.limits = _Limits(
+        max_body_bytes, max_decompressed_bytes, max_pending_bytes, max_spans_per_request
+    )
+    app.state.max_trace_spans = max_trace_spans
     if token:
         app.add_middleware(_TokenGate, token=token)
     return app
@@ -417,6 +494,8 @@ def serve(
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+    max_spans_per_request: int = DEFAULT_MAX_SPANS_PER_REQUEST,
     extra_routes: Sequence[BaseRoute] = (),
     log_level: str = "warning",
 ) -> None:
@@ -434,6 +513,8 @@ def serve(
         token=token,
         max_body_bytes=max_body_bytes,
         max_decompressed_bytes=max_decompressed_bytes,
+        max_pending_bytes=max_pending_bytes,
+        max_spans_per_request=max_spans_per_request,
         extra_routes=extra_routes,
     )
     config = uvicorn.Config(

@@ -294,6 +294,10 @@ async function tracePage(traceId) {
       el("span", { className: "muted" }, `${fmtTime(trace.start_ns)} · ${trace.in_progress ? "running" : fmtDuration(trace.duration_ns)} · ${trace.span_count} spans`),
       trace.experiment_id ? link(`/experiments/${encodeURIComponent(trace.experiment_id)}`, "experiment") : null,
       el("span", { className: "mono muted" }, trace.trace_id)),
+    data.truncated
+      ? el("p", { className: "truncated", id: "truncated" },
+        `Showing the first ${spans.length.toLocaleString()} of ${trace.span_count.toLocaleString()} spans (by start time): the collector returns at most that many per trace.`)
+      : null,
     el("div", { className: "trace-layout" }, waterfall, panel));
   await select();
 }
