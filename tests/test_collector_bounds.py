@@ -8,7 +8,6 @@ import gzip
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -34,6 +33,22 @@ def peak_rss_mb(pid: int) -> float:
     raise AssertionError("no VmHWM")
 
 
+def post_gzip_measured(tmp_path: Path, body: bytes) -> tuple[httpx.Response, float, int]:
+    """POST a gzip body to a fresh `looptrace serve`: its answer, how much the collector's
+    peak memory grew (MiB), and the status of a small request sent after it."""
+    with serve_subprocess(tmp_path / "t.db") as (proc, url):
+        before = peak_rss_mb(proc.pid)
+        answer = httpx.post(
+            f"{url}/v1/traces",
+            content=body,
+            headers={**PB, "content-encoding": "gzip"},
+            timeout=120,
+        )
+        grew = peak_rss_mb(proc.pid) - before
+        after = httpx.post(f"{url}/v1/traces", content=request_body([wire_span(8, 1)]), headers=PB)
+    return answer, grew, after.status_code
+
+
 def many_tiny_spans(n: int) -> bytes:
     """One gzip OTLP request of ``n`` minimal spans (the same span, repeated)."""
     chunk = _otlp.encode_span(wire_span(7, 1, attributes=[]), "protobuf")
@@ -47,39 +62,22 @@ def test_a_million_tiny_spans_get_413_and_cost_little(tmp_path: Path) -> None:
     refused with a clear 413 once it passes the per-request span cap: the collector's peak
     memory grows by far less than decoding it all would take (2.5 million such spans took
     3.7 GB), and the collector keeps serving."""
-    body = many_tiny_spans(1_000_000)
-    with serve_subprocess(tmp_path / "t.db") as (proc, url):
-        before = peak_rss_mb(proc.pid)
-        answer = httpx.post(
-            f"{url}/v1/traces",
-            content=body,
-            headers={**PB, "content-encoding": "gzip"},
-            timeout=120,
-        )
-        grew = peak_rss_mb(proc.pid) - before
-        after = httpx.post(f"{url}/v1/traces", content=request_body([wire_span(8, 1)]), headers=PB)
+    answer, grew, after = post_gzip_measured(tmp_path, many_tiny_spans(1_000_000))
     assert answer.status_code == 413
     assert b"more than 50000 spans" in answer.content
     assert grew < 300, f"peak RSS grew by {grew:.0f} MiB"
-    assert after.status_code == 200
+    assert after == 200
 
 
 @linux_only
 def test_a_decompression_bomb_costs_at_most_the_limit(tmp_path: Path) -> None:
     """A gzip body inflating past the 128 MiB decompressed limit is refused (413) having held
     about the limit, not twice it."""
-    bomb = gzip.compress(b"\\0" * (200 * 1024 * 1024), 9)
-    with serve_subprocess(tmp_path / "t.db") as (proc, url):
-        before = peak_rss_mb(proc.pid)
-        answer = httpx.post(
-            f"{url}/v1/traces",
-            content=bomb,
-            headers={**PB, "content-encoding": "gzip"},
-            timeout=120,
-        )
-        grew = peak_rss_mb(proc.pid) - before
+    bomb = gzip.compress(bytes(200 * 1024 * 1024), 9)
+    answer, grew, after = post_gzip_measured(tmp_path, bomb)
     assert answer.status_code == 413
     assert grew < 128 * 1.3, f"peak RSS grew by {grew:.0f} MiB"
+    assert after == 200
 
 
 @linux_only
@@ -147,4 +145,62 @@ def test_redirects_stay_on_the_collectors_origin(tmp_path: Path) -> None:
         location = answer.headers["location"]
         assert location.startswith("/") and not location.startswith(("//", "/\\\\"))
     assert answers[0].headers["location"] == "/evil.example/"
-    assert time.monotonic() > 0
+
+
+def test_a_request_head_sent_a_byte_at_a_time_is_cut_off(tmp_path: Path) -> None:
+    """A client that sends its request line and headers slowly (slowloris) is disconnected
+    once the header timeout passes, on a new connection and on a kept-alive one after an
+    answer; a client that sends a whole head in time is served."""
+    import socket
+    import time
+
+    import uvicorn
+
+    from looptrace.collector.app import create_app, header_timeout_protocol
+
+    app = create_app(tmp_path / "t.db")
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=0,
+        log_level="warning",
+        lifespan="on",
+        http=header_timeout_protocol(0.5),
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+
+    def dripped_until_closed(sock: socket.socket) -> float:
+        started = time.monotonic()
+        sock.settimeout(0.05)
+        for byte in b"GET /api/stats HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200:
+            try:
+                sock.sendall(bytes([byte]))
+                if sock.recv(1024) == b"":
+                    return time.monotonic() - started
+            except TimeoutError:
+                continue
+            except OSError:
+                return time.monotonic() - started
+        return float("inf")
+
+    try:
+        fresh = socket.create_connection(("127.0.0.1", port))
+        with fresh:
+            assert dripped_until_closed(fresh) < 5
+        kept = socket.create_connection(("127.0.0.1", port))
+        with kept:
+            kept.sendall(b"GET /api/stats HTTP/1.1\r\nHost: x\r\n\r\n")
+            kept.settimeout(5)
+            assert kept.recv(65536).startswith(b"HTTP/1.1 200")
+            assert dripped_until_closed(kept) < 5
+        assert httpx.get(f"http://127.0.0.1:{port}/api/stats").status_code == 200
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -35,6 +35,7 @@ from .._net import is_loopback
 from .._store import Store, StoreError
 
 __all__ = [
+    "DEFAULT_HEADER_TIMEOUT",
     "DEFAULT_HOST",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_DECOMPRESSED_BYTES",
@@ -58,6 +59,9 @@ DEFAULT_MAX_PENDING_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_SPANS_PER_REQUEST = 50_000
 # Spans one trace read returns (``/api/traces/<id>``); past it the answer says ``truncated``.
 DEFAULT_MAX_TRACE_SPANS = 20_000
+# Seconds a client has to send a whole request head, from the connection's start and from the
+# end of each answer on a kept-alive connection.
+DEFAULT_HEADER_TIMEOUT = 10.0
 TOKEN_COOKIE = "looptrace_token"
 
 _Scope = MutableMapping[str, Any]
@@ -486,6 +490,54 @@ def create_app(
     return app
 
 
+def header_timeout_protocol(seconds: float) -> Any:
+    """uvicorn's h11 protocol with a deadline for each request's head: a client that has not
+    sent a whole request line and headers ``seconds`` after connecting (or after the previous
+    answer, on a kept-alive connection) is disconnected. uvicorn bounds the head's size but
+    not its pace, so a client sending a byte at a time would hold a connection for ever."""
+    import asyncio
+
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderTimeoutProtocol(H11Protocol):
+        _head_deadline: asyncio.TimerHandle | None = None
+        _cycle_waited: Any = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._await_head()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._await_head()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            # A new request/response cycle means a whole head arrived.
+            if self._head_deadline is not None and self.cycle is not self._cycle_waited:
+                self._head_deadline.cancel()
+                self._head_deadline = None
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._head_deadline is not None:
+                self._head_deadline.cancel()
+                self._head_deadline = None
+            super().connection_lost(exc)
+
+        def _await_head(self) -> None:
+            if self._head_deadline is not None:
+                self._head_deadline.cancel()
+            self._cycle_waited = self.cycle
+            self._head_deadline = self.loop.call_later(seconds, self._head_late)
+
+        def _head_late(self) -> None:
+            self._head_deadline = None
+            if self.cycle is self._cycle_waited and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderTimeoutProtocol
+
+
 def serve(
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
@@ -496,6 +548,7 @@ def serve(
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
     max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
     max_spans_per_request: int = DEFAULT_MAX_SPANS_PER_REQUEST,
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT,
     extra_routes: Sequence[BaseRoute] = (),
     log_level: str = "warning",
 ) -> None:
@@ -527,5 +580,6 @@ def serve(
         access_log=False,
         server_header=False,
         lifespan="on",
+        http=header_timeout_protocol(header_timeout),
     )
     uvicorn.Server(config).run()
