@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -209,7 +210,8 @@ def test_demo_runs_end_to_end_on_a_fresh_store(tmp_path: Path) -> None:
     out = proc.stdout
     assert "experiment 'capitals-demo'" in out
     assert "cases 8  errors 1" in out
-    assert "looptrace show" in out
+    # The next command, named as this process was run (here: the interpreter with -c).
+    assert re.search(r"looptrace(\.cli)? show [0-9a-f]{12}", out)
     with Store(path) as store:
         (exp,) = store.list_experiments()
         assert (exp["case_count"], exp["error_count"]) == (8, 1)
@@ -224,7 +226,9 @@ def test_demo_runs_end_to_end_on_a_fresh_store(tmp_path: Path) -> None:
         assert any(e["name"] == "exception" for s in spans for e in s["events"])
         assert all(s["lag_max_ms"] is not None for s in spans)
         assert store.lag_summaries()["summaries"]
-    shown = next(line.split()[2] for line in out.splitlines() if "looptrace show" in line)
+    hint = re.search(r"looptrace(?:\.cli)? show ([0-9a-f]{12})", out)
+    assert hint is not None
+    shown = hint.group(1)
     code, tree = run(path, "show", shown)
     assert code == 0
     assert "LookupError" in tree

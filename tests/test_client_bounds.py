@@ -322,4 +322,4 @@ def test_sigterm_flushes_and_reports_with_shutdown_on_signal(
             assert server.wait_for_spans(50) and server.accepted_span_count == 50
             assert "could not be sent" not in err
         else:
-            assert "50 span(s) could not be sent before exit" in err
+            assert f"50 span(s) could not be sent to {endpoint} before exit" in err

@@ -93,6 +93,20 @@ def test_public_modules_import() -> None:
         importlib.import_module(module)
 
 
+def test_public_modules_are_attributes_after_a_plain_import() -> None:
+    """``looptrace.monitor.ensure_from_config()`` (and ``looptrace.evals``, ``looptrace.testing``)
+    work after a plain ``import looptrace``, each loaded on first use."""
+    code = (
+        "import sys, looptrace\n"
+        "assert 'looptrace.monitor' not in sys.modules\n"
+        "print(looptrace.monitor.ensure_from_config())\n"
+        "print(looptrace.evals.experiment is looptrace.experiment, looptrace.testing.__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["None", "True", "looptrace.testing"]
+
+
 def test_importing_the_package_loads_nothing_else() -> None:
     """``import looptrace`` costs almost nothing: each public name loads its module on first
     use, so a worker process (or a program using one part of the API) pays only for that."""

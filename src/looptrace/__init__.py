@@ -83,7 +83,14 @@ _ORIGIN = {
 }
 
 
+# Public modules: ``looptrace.monitor.LagMonitor`` works after a plain ``import looptrace``,
+# loading the module on first use like every other name here.
+_SUBMODULES = frozenset(("evals", "monitor", "testing"))
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
     module = _ORIGIN.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

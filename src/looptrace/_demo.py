@@ -118,6 +118,33 @@ async def _run(cases: int, out: IO[str]) -> looptrace.Experiment:
     return exp
 
 
+def _command() -> str:
+    """How the user can run looptrace again from where they are: ``looptrace`` when that is
+    on PATH and is this program, else the path they ran (``.venv/bin/looptrace`` when the
+    virtualenv is not activated), else this interpreter with ``-m looptrace.cli``."""
+    import os
+    import shutil
+
+    ran = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if os.path.basename(ran) in ("looptrace", "looptrace.exe"):
+        found = shutil.which("looptrace")
+        try:
+            if found is not None and os.path.samefile(found, ran):
+                return "looptrace"
+        except OSError:
+            pass
+        relative = os.path.relpath(ran)
+        shown = relative if not relative.startswith("..") else ran
+        return shlex.quote(shown if os.sep in shown else os.path.join(".", shown))
+    return f"{shlex.quote(sys.executable)} -m looptrace.cli"
+
+
+def _has_server_extra() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("starlette", "uvicorn"))
+
+
 def run_demo(store_path: Path, cases: int = 8, out: IO[str] | None = None) -> looptrace.Experiment:
     """Run the demo into the store at ``store_path``, print the experiment summary and how to
     look at the result; return the finished experiment."""
@@ -130,7 +157,7 @@ def run_demo(store_path: Path, cases: int = 8, out: IO[str] | None = None) -> lo
         looptrace.shutdown_sync()
     failed = next((r for r in exp.results if r.error is not None), None)
     example = failed.trace_id if failed is not None else exp.results[0].trace_id
-    cmd = "looptrace"
+    cmd = _command()
     if Path(store_path) != Config.from_env().store_path:
         cmd += f" --store {shlex.quote(str(store_path))}"
     hints = [
@@ -138,8 +165,9 @@ def run_demo(store_path: Path, cases: int = 8, out: IO[str] | None = None) -> lo
         (f"{cmd} show {example[:12]}", "the failing case, as a span tree"),
         (f"{cmd} experiments {exp.id[:12]}", "every case and its scores"),
         (f"{cmd} serve", "all of it in a browser at http://localhost:4318"),
-        ("", "(serve needs: pip install 'looptrace[server]')"),
     ]
+    if not _has_server_extra():
+        hints.append(("", "(serve needs the server extra: pip install 'looptrace[server]')"))
     width = max(len(c) for c, _ in hints) + 3
     out.write(f"\nThe traces are in {store_path}. Look at them:\n")
     out.write("".join(f"  {c:<{width}}{d}\n" for c, d in hints))

@@ -737,6 +737,7 @@ class Pipeline:
             with self._lock:
                 self.requests_sent += 1
                 self._consecutive_failures = 0
+                self.last_error = None  # it says what is wrong now, not what once was
                 if self._failing_since is not None:
                     self._failing_since = None
                     self._retry_at = 0.0  # back: the in-flight limit paces what is queued
@@ -1379,17 +1380,21 @@ def _at_exit() -> None:
     if pipeline.buffer.idle():
         pipeline._finish_close()  # nothing to send; reports drops not yet logged
         return
-    _report_lost(pipeline.shutdown_sync(pipeline.cfg.shutdown_timeout))
+    _report_lost(pipeline, pipeline.shutdown_sync(pipeline.cfg.shutdown_timeout))
 
 
-def _report_lost(result: FlushResult) -> None:
+def _report_lost(pipeline: Pipeline, result: FlushResult) -> None:
     lost = sum(result.dropped.values())
     if lost:
         # logging's last-resort handler prints this to stderr even when logging is not set up.
+        # Where to and why, never the headers (they carry API keys).
+        where = pipeline.cfg.endpoint or f"the local store {pipeline.cfg.store_path}"
         logger.warning(
-            "looptrace: %d span(s) could not be sent before exit (%s)",
+            "looptrace: %d span(s) could not be sent to %s before exit (%s)%s",
             lost,
+            where,
             ", ".join(f"{k}={v}" for k, v in result.dropped.items() if v),
+            f"; last error: {pipeline.last_error}" if pipeline.last_error else "",
         )
 
 
@@ -1412,7 +1417,7 @@ def shutdown_on_signal(*signals: int) -> None:
             pipeline = _pipeline
             if pipeline is not None:
                 # Detached: if the program goes on after all, its next span starts anew.
-                _report_lost(shutdown_sync(pipeline.cfg.shutdown_timeout))
+                _report_lost(pipeline, shutdown_sync(pipeline.cfg.shutdown_timeout))
             if callable(previous):
                 previous(received, frame)
             elif previous != signal.SIG_IGN:
