@@ -434,6 +434,11 @@ class Pipeline:
                         self._dead_loops.add(home.loop)
                     except TypeError:  # pragma: no cover - a loop without weakref support
                         pass
+                    if self.cfg.lag_monitor:
+                        # Its monitor's last summary window, which the private thread sends.
+                        monitor = sys.modules.get("looptrace.monitor")
+                        if monitor is not None:
+                            monitor.finish_windows(home.loop)
                 raise
             finally:
                 await self._wind_down(home)

@@ -6,8 +6,10 @@ Kept as plain module attributes so a capture reads each with one attribute looku
 
 from __future__ import annotations
 
+import sys
+import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ._config import Config
@@ -90,6 +92,25 @@ def remove_hooks(
     end_hooks = tuple(h for h in end_hooks if h != end)
 
 
+def _start_lag_monitor(span: Span) -> None:
+    """With ``lag_monitor`` on, start the monitor on a loop when the first span starts there,
+    so a stall inside that very span is measured (once per loop: one lookup per span after)."""
+    asyncio = sys.modules.get("asyncio")  # no asyncio loaded: no loop to watch
+    loop = asyncio._get_running_loop() if asyncio is not None else None
+    if loop is None or loop in _monitored:
+        return
+    try:
+        _monitored.add(loop)
+    except TypeError:  # pragma: no cover - a loop without weakref support
+        return
+    from .monitor import ensure_from_config
+
+    ensure_from_config(config)
+
+
+_monitored: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
 def apply_config(cfg: Config) -> None:
     """Copy the capture switches out of ``cfg`` (the pipeline installs the sink itself)."""
     global config, disabled, capture_inputs, capture_outputs, max_generator_items
@@ -100,3 +121,7 @@ def apply_config(cfg: Config) -> None:
     capture_outputs = cfg.capture_outputs
     max_generator_items = cfg.max_generator_items
     sample_threshold = int(cfg.sample_rate * (1 << 64))
+    if cfg.lag_monitor and not cfg.disabled:
+        add_hooks(start=_start_lag_monitor)
+    else:
+        remove_hooks(start=_start_lag_monitor)

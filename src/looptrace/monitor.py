@@ -54,7 +54,14 @@ if TYPE_CHECKING:
     from ._config import Config
     from ._span import Span
 
-__all__ = ["Culprit", "LagMonitor", "LagSnapshot", "active_monitor", "ensure_from_config"]
+__all__ = [
+    "Culprit",
+    "LagMonitor",
+    "LagSnapshot",
+    "active_monitor",
+    "ensure_from_config",
+    "finish_windows",
+]
 
 logger = logging.getLogger("looptrace.monitor")
 
@@ -660,10 +667,12 @@ class LagMonitor:
         self._handle = loop.call_at(self._due, self._tick, context=self._ctx)
 
     def stop(self) -> None:
-        """Detach from the loop, restoring everything start() changed. Safe to call twice."""
+        """Detach from the loop, restoring everything start() changed, and export the summary
+        of the window so far (with ``summary_interval``). Safe to call twice."""
         loop = self._loop
         if loop is None:
             return
+        self.finish_window()
         handle, self._handle = self._handle, None
         if handle is not None and not loop.is_closed():
             if loop.is_running() and _get_running_loop() is not loop:
@@ -762,6 +771,17 @@ class LagMonitor:
         self._due_ns = _clock.now_ns() + self._interval_ns
         self._handle = loop.call_at(self._due, self._tick, context=self._ctx)
 
+    def finish_window(self) -> None:
+        """Export the summary of the current, partial window now (with ``summary_interval``):
+        the last window of a loop that is ending would otherwise never be exported."""
+        if self._summary_interval is not None:
+            try:
+                # In a context of its own: the summary is a root span, whatever the caller's
+                # context holds (a span, or the flusher's suppression of tracing).
+                contextvars.Context().run(self._emit_summary)
+            except Exception as exc:
+                internal_error("monitor.summary", exc)
+
     def _emit_summary(self) -> None:
         snap = self.snapshot()
         start_ns = self._window_start_ns
@@ -832,6 +852,14 @@ def _span_end(span: Span) -> None:
 
 # --------------------------------------------------------------------------------------------
 # Module functions
+
+
+def finish_windows(loop: asyncio.AbstractEventLoop) -> None:
+    """Export the partial summary window of every monitor on ``loop`` (which is ending)."""
+    with _lock:
+        monitors = list(_running.get(loop, ()))
+    for monitor in monitors:
+        monitor.finish_window()
 
 
 def active_monitor() -> LagMonitor | None:
