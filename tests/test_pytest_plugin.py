@@ -264,13 +264,13 @@ def test_marker_traces_only_marked_tests(inner: pytest.Pytester) -> None:
 import pytest
 
 @pytest.mark.looptrace
-def test_marked(looptrace):
-    assert looptrace.enabled
-    looptrace.score("ok", True)
+def test_marked(looptrace_log):
+    assert looptrace_log.enabled
+    looptrace_log.score("ok", True)
 
-def test_plain(looptrace):
-    assert not looptrace.enabled
-    looptrace.log(inputs=1, outputs=2, scores={"ignored": 1})
+def test_plain(looptrace_log):
+    assert not looptrace_log.enabled
+    looptrace_log.log(inputs=1, outputs=2, scores={"ignored": 1})
 """
     )
     result = inner.runpytest_subprocess()
@@ -284,17 +284,17 @@ def test_plain(looptrace):
 
 
 def test_fixture_logs_inputs_outputs_expected_and_scores(inner: pytest.Pytester) -> None:
-    """The ``looptrace`` fixture puts inputs, outputs, expected and scores on the test span, and
+    """The ``looptrace_log`` fixture puts inputs, outputs, expected and scores on the test span, and
     the terminal summary shows the mean of each score."""
     inner.makepyfile(
         """
 import pytest
 
 @pytest.mark.parametrize("q, a", [("2+2", "4"), ("3+3", "7")])
-def test_answer(looptrace, q, a):
-    looptrace.log(inputs={"question": q}, outputs=a, expected="4" if q == "2+2" else "6")
-    looptrace.score("exact", a in ("4", "6"))
-    looptrace.score("len", len(a))
+def test_answer(looptrace_log, q, a):
+    looptrace_log.log(inputs={"question": q}, outputs=a, expected="4" if q == "2+2" else "6")
+    looptrace_log.score("exact", a in ("4", "6"))
+    looptrace_log.score("len", len(a))
 """
     )
     result = inner.runpytest_subprocess("--looptrace")
@@ -539,13 +539,13 @@ import looptrace as lt
 def answer(question):
     return "4"
 
-def test_qa(looptrace):
+def test_qa(looptrace_log):
     out = answer("2+2")
-    looptrace.log(inputs={"question": "2+2"}, outputs=out, expected="4")
-    looptrace.score("exact", out == "4")
+    looptrace_log.log(inputs={"question": "2+2"}, outputs=out, expected="4")
+    looptrace_log.score("exact", out == "4")
 
-def test_fails(looptrace):
-    looptrace.score("exact", False)
+def test_fails(looptrace_log):
+    looptrace_log.score("exact", False)
     assert False, "wrong"
 """
     )
@@ -612,7 +612,9 @@ def test_xdist_workers_share_the_experiment(inner: pytest.Pytester) -> None:
     """Under pytest-xdist every worker traces its own tests and flushes its own spans, and all
     of them carry the controller's experiment id and link to its experiment span."""
     inner.makepyfile(
-        "\n".join(f"def test_{i}(looptrace):\n    looptrace.score('i', {i})\n" for i in range(6))
+        "\n".join(
+            f"def test_{i}(looptrace_log):\n    looptrace_log.score('i', {i})\n" for i in range(6)
+        )
     )
     result = inner.runpytest_subprocess("--looptrace", "-n", "2")
     result.assert_outcomes(passed=6)
@@ -627,3 +629,59 @@ def test_xdist_workers_share_the_experiment(inner: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(
         ["tests       6 traced: 6 passed, pass rate 100.0%", "scores      i 2.5 (n=6)"]
     )
+
+
+def test_the_old_fixture_name_still_works_and_the_module_is_not_hidden(
+    inner: pytest.Pytester,
+) -> None:
+    """``looptrace_log`` leaves ``looptrace`` the module inside a test; the old fixture name
+    ``looptrace`` still logs, with a DeprecationWarning that names the new one."""
+    inner.makepyfile(
+        """
+import looptrace
+
+def test_new(looptrace_log):
+    assert looptrace.traced is not None  # the module, not the fixture
+    looptrace_log.score("new", 1)
+
+def test_old(looptrace):
+    looptrace.score("old", 1)
+"""
+    )
+    result = inner.runpytest_subprocess("--looptrace", "-W", "always::DeprecationWarning")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*'looptrace' fixture is now 'looptrace_log'*"])
+    scored = {
+        name: s["attributes"].get(f"looptrace.score.{name.split('_')[1]}")
+        for name, s in ((s["name"], s) for s in cases(read_spans(inner.path)).values())
+    }
+    assert scored == {"test_new": 1.0, "test_old": 1.0}
+
+
+def test_with_the_plugin_off_spans_stay_out_of_the_personal_store(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    """With the plugin off and no store or endpoint set, traced code under test does not
+    write to the user's own store (under the home directory's data folder)."""
+    pytester.makepyfile(
+        """
+import looptrace
+
+@looptrace.traced
+def work():
+    return 1
+
+def test_traces():
+    assert work() == 1
+    assert looptrace.flush_sync(timeout=10).ok
+"""
+    )
+    home = tmp_path / "home"
+    env = {"HOME": str(home), "XDG_DATA_HOME": str(home / ".local" / "share")}
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        patch.delenv("LOOPTRACE_STORE", raising=False)
+        result = pytester.runpytest_subprocess()
+    result.assert_outcomes(passed=1)
+    assert not (home / ".local" / "share" / "looptrace").exists()

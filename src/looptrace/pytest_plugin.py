@@ -12,7 +12,7 @@ When on:
   skip reason; spans made by the code under test nest under it, in sync and async tests alike;
 - the session itself is one ``experiment`` span holding the summary (counts, pass rate, mean
   scores, every test's outcome), linked from each test span;
-- the ``looptrace`` fixture logs inputs, outputs, expected values and named scores;
+- the ``looptrace_log`` fixture logs inputs, outputs, expected values and named scores;
 - ``@pytest.mark.looptrace(max_loop_lag_ms=50)`` (or ``looptrace_max_loop_lag_ms``) fails an
   async test whose event loop stalled longer than that, naming the culprit;
 - the session ends with a terminal summary and a flush bounded by ``LOOPTRACE_SHUTDOWN_TIMEOUT``;
@@ -253,13 +253,46 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.stash[_PLUGIN] = plugin
     config.pluginmanager.register(plugin, "looptrace-session")
+    if not enabled:
+        _keep_the_personal_store_out(config)
     # With tracing on for the whole run, the controller opens the experiment span now so its
     # ids can travel to xdist workers.
     if enabled and workerinput is None:
         plugin.ensure_active()
 
 
+_ENDPOINT_VARIABLES = (
+    "LOOPTRACE_STORE",
+    "LOOPTRACE_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+)
+_TEMP_STORE = pytest.StashKey[str]()
+
+
+def _keep_the_personal_store_out(config: pytest.Config) -> None:
+    """With the plugin off, code under test that traces would write to the user's own store
+    (``~/.local/share/looptrace``), mixing test runs into their traces. Unless they said where
+    spans go, spans go to a store of this run's own, removed at its end."""
+    import os
+    import tempfile
+
+    if any(os.environ.get(name) for name in _ENDPOINT_VARIABLES):
+        return
+    folder = tempfile.mkdtemp(prefix="looptrace-pytest-")
+    config.stash[_TEMP_STORE] = folder
+    os.environ["LOOPTRACE_STORE"] = os.path.join(folder, "traces.db")
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(_TEMP_STORE, None)
+    if folder is not None:
+        import os
+        import shutil
+
+        if os.environ.get("LOOPTRACE_STORE", "").startswith(folder):
+            del os.environ["LOOPTRACE_STORE"]
+        shutil.rmtree(folder, ignore_errors=True)
     plugin = config.stash.get(_PLUGIN, None)
     if plugin is not None and config.pluginmanager.is_registered(plugin):
         config.pluginmanager.unregister(plugin)
@@ -361,12 +394,27 @@ class TestLog:
 
 
 @pytest.fixture
-def looptrace(request: pytest.FixtureRequest) -> TestLog:
+def looptrace_log(request: pytest.FixtureRequest) -> TestLog:
     """Log inputs, outputs, expected values and scores on this test's span."""
     record: _TestRecord | None = request.node.stash.get(_RECORD, None)
     if record is None:
         return TestLog(None)
     return record.log
+
+
+@pytest.fixture
+def looptrace(looptrace_log: TestLog) -> TestLog:
+    """The former name of ``looptrace_log``: as a test parameter it hid the ``looptrace``
+    module inside the test. Still works, with a deprecation warning."""
+    import warnings
+
+    warnings.warn(
+        "the 'looptrace' fixture is now 'looptrace_log' (the old name hides the looptrace "
+        "module inside the test)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return looptrace_log
 
 
 @pytest.fixture
