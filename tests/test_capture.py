@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import gc
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -584,3 +585,29 @@ def test_inputs_are_bound_the_same_on_every_call_shape() -> None:
         {"x": 5},
         {"x": 6},
     ]
+
+
+def test_decorating_does_the_start_up_so_the_first_call_does_not() -> None:
+    """``@traced`` prepares the export path when it decorates (mostly at import time): the
+    export modules are loaded and the redaction patterns built before any call, so the first
+    traced call does not pay for them on the caller's loop; no settings are applied yet."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, looptrace\n"
+        "from looptrace import _state\n"
+        "@looptrace.traced\n"
+        "def f():\n"
+        "    return 1\n"
+        "from looptrace import _serialize\n"
+        "from looptrace._config import Config\n"
+        "print('looptrace._encode' in sys.modules, _serialize.has_policy(Config.from_env()),\n"
+        "      _state.config is None)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOPTRACE_", "OTEL_"))}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "True"]

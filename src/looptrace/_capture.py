@@ -266,6 +266,9 @@ def traced(
     def decorate(target: Any) -> Any:
         if isinstance(target, (classmethod, staticmethod)):
             return type(target)(decorate(target.__func__))
+        # Decorating happens ahead of the calls (mostly at import time): the export path's
+        # start-up is done here, not in the first traced call.
+        _pipeline.prepare_ahead()
         return _wrap(
             target,
             CallSite(

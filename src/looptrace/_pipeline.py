@@ -1254,15 +1254,39 @@ def configure(**overrides: Any) -> Config:
     if old is not None:
         old.close_soon()
     if not cfg.disabled:
-        # configure() is a start-up call: import the export modules here, once, rather than
-        # in a worker thread during the first drain, where an import holds the GIL against the
-        # application's loop for tens of milliseconds.
-        from . import _encode, _otlp, _serialize  # noqa: F401
-
-        _serialize.policy(cfg)  # compiles the redaction patterns, 3-4 ms
-        if cfg.offload:
-            from . import _offload  # noqa: F401
+        _prepare(cfg)
     return cfg
+
+
+def _prepare(cfg: Config) -> None:
+    # A start-up step: import the export modules here, once, rather than in a worker thread
+    # during the first drain, where an import holds the GIL against the application's loop
+    # for tens of milliseconds.
+    from . import _encode, _otlp, _serialize  # noqa: F401
+
+    _serialize.policy(cfg)  # compiles the redaction patterns, 3-4 ms
+    if cfg.offload:
+        from . import _offload  # noqa: F401
+
+
+_prepared = False
+
+
+def prepare_ahead() -> None:
+    """Do the export path's start-up now (imports, the redaction patterns of the settings in
+    the environment), without applying any settings: ``@traced`` calls it when it decorates,
+    which is usually at import time, so that the first traced call, perhaps on a busy event
+    loop, costs what every other call costs. Once per process; never raises."""
+    global _prepared
+    if _prepared or _state.config is not None:
+        return
+    _prepared = True
+    try:
+        cfg = Config.from_env()
+    except Exception:
+        return  # a bad setting is reported where the settings are applied, not here
+    if not cfg.disabled:
+        _prepare(cfg)
 
 
 def _serialize_ready(cfg: Config) -> bool:

@@ -1,0 +1,68 @@
+"""The first traced call of a process against its hundredth, side by side in one run.
+
+Each round starts a fresh interpreter that imports looptrace, decorates a coroutine (as a module
+does at import time), then awaits it 100 times on one event loop, timing each call; spans go to
+a local store in a temporary folder. The first call is the one that used to pay looptrace's
+start-up (its imports, the redaction patterns, the pipeline).
+
+    .venv/bin/python benchmarks/scenario_first_call.py [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+CHILD = """
+import asyncio, json, time
+import looptrace
+
+@looptrace.traced
+async def handle(request):
+    return request
+
+async def main():
+    times = []
+    for i in range(100):
+        started = time.perf_counter()
+        await handle({"i": i})
+        times.append(time.perf_counter() - started)
+    await looptrace.flush(timeout=10)
+    print(json.dumps({"first": times[0], "second": times[1], "hundredth": times[99]}))
+
+asyncio.run(main())
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    rows: dict[str, list[float]] = {"first": [], "second": [], "hundredth": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPTRACE_")}
+        for r in range(args.rounds):
+            env["LOOPTRACE_STORE"] = os.path.join(tmp, f"store-{r}.db")
+            out = subprocess.run(
+                [sys.executable, "-c", CHILD],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=120,
+            ).stdout
+            for key, value in json.loads(out).items():
+                rows[key].append(value * 1e6)
+    print(f"caller's time per traced call in a fresh process, {args.rounds} processes (us)")
+    print(f"{'call':<12}{'median':>10}{'max':>10}")
+    for key, values in rows.items():
+        print(f"{key:<12}{statistics.median(values):>10.1f}{max(values):>10.1f}")
+
+
+if __name__ == "__main__":
+    main()
