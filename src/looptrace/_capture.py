@@ -15,7 +15,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 # _pipeline is imported with the capture API, not by the first span: that span may start on
 # the user's event loop, and the export modules take a tenth of a second to import.
-from . import _clock, _pipeline, _state  # noqa: F401
+from . import _clock, _pipeline, _state
 from ._context import CURRENT
 from ._errors import internal_error
 from ._semconv import GENERATOR_CLOSED_EARLY, GENERATOR_ITEMS

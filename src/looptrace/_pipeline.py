@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import contextvars
 import dataclasses
 import logging
@@ -416,7 +417,9 @@ class Pipeline:
         finally:
             try:
                 loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.run_until_complete(loop.shutdown_default_executor())
+                # Starts a thread to join the executor's: refused at interpreter exit.
+                with contextlib.suppress(RuntimeError):
+                    loop.run_until_complete(loop.shutdown_default_executor())
             finally:
                 loop.close()
                 home.done.set()

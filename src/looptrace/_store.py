@@ -1186,16 +1186,18 @@ class StoreTransport:
 
     async def send(self, body: bytes, headers: Mapping[str, str]) -> Any:
         """Decode and store one OTLP request; the Response comes after the commit."""
-        import anyio.to_thread
+        from ._transport import off_loop
 
         content_type = _header(headers, "content-type") or "application/x-protobuf"
         content_encoding = _header(headers, "content-encoding")
-        return await anyio.to_thread.run_sync(self._send_sync, body, content_type, content_encoding)
+        # off_loop writes inline when no thread can start any more (interpreter exit: Python
+        # 3.12 refuses new threads before the exit flush runs).
+        return await off_loop(self._send_sync, body, content_type, content_encoding)
 
     async def aclose(self) -> None:
         """Close the store's connections."""
-        import anyio.to_thread
+        from ._transport import off_loop
 
         store, self._store = self._store, None
         if store is not None:
-            await anyio.to_thread.run_sync(store.close)
+            await off_loop(store.close)
