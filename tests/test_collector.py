@@ -28,14 +28,15 @@ NOW = time.time_ns()
 
 
 @contextlib.contextmanager
-def running_collector(store_path: Path, **options: Any) -> Iterator[str]:
-    """The collector app under uvicorn in a background thread, on an ephemeral port."""
+def running_collector(store_path: Path, http: Any = "auto", **options: Any) -> Iterator[str]:
+    """The collector app under uvicorn in a background thread, on an ephemeral port
+    (``http``: uvicorn's HTTP protocol, as ``looptrace serve`` may choose its own)."""
     app = create_app(store_path, **options)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+        uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", http=http)
     )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -154,27 +154,7 @@ def test_a_request_head_sent_a_byte_at_a_time_is_cut_off(tmp_path: Path) -> None
     import socket
     import time
 
-    import uvicorn
-
-    from looptrace.collector.app import create_app, header_timeout_protocol
-
-    app = create_app(tmp_path / "t.db")
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=0,
-        log_level="warning",
-        lifespan="on",
-        http=header_timeout_protocol(0.5),
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
+    from looptrace.collector.app import header_timeout_protocol
 
     def dripped_until_closed(sock: socket.socket) -> float:
         started = time.monotonic()
@@ -190,7 +170,8 @@ def test_a_request_head_sent_a_byte_at_a_time_is_cut_off(tmp_path: Path) -> None
                 return time.monotonic() - started
         return float("inf")
 
-    try:
+    with running_collector(tmp_path / "t.db", http=header_timeout_protocol(0.5)) as url:
+        port = int(url.rsplit(":", 1)[1])
         fresh = socket.create_connection(("127.0.0.1", port))
         with fresh:
             assert dripped_until_closed(fresh) < 5
@@ -200,7 +181,4 @@ def test_a_request_head_sent_a_byte_at_a_time_is_cut_off(tmp_path: Path) -> None
             kept.settimeout(5)
             assert kept.recv(65536).startswith(b"HTTP/1.1 200")
             assert dripped_until_closed(kept) < 5
-        assert httpx.get(f"http://127.0.0.1:{port}/api/stats").status_code == 200
-    finally:
-        server.should_exit = True
-        thread.join(10)
+        assert httpx.get(f"{url}/api/stats").status_code == 200

@@ -34,17 +34,23 @@ def server() -> Iterator[OtlpTestServer]:
         yield srv
 
 
+async def produce_during(seconds: float) -> int:
+    """End 25 spans every 50 ms for ``seconds``; how many were made."""
+    until = time.monotonic() + seconds
+    produced = 0
+    while time.monotonic() < until:
+        make_spans(25, prefix=f"b{produced}-")
+        produced += 25
+        await asyncio.sleep(0.05)
+    return produced
+
+
 async def test_a_503_storm_loses_nothing(server: OtlpTestServer) -> None:
     """Every request fails with 503 for 1.5 s while spans keep coming; once the server recovers
     all of them arrive, none is dropped, and the retries are counted."""
     use(server, max_batch_spans=50)
     server.fail_for(1.5, status=503)
-    storm_ends = time.monotonic() + 1.5
-    produced = 0
-    while time.monotonic() < storm_ends:
-        make_spans(25, prefix=f"b{produced}-")
-        produced += 25
-        await asyncio.sleep(0.05)
+    produced = await produce_during(1.5)
     result = await looptrace.flush(10)
     assert result.ok, result
     stats = looptrace.statistics()
@@ -74,12 +80,7 @@ async def test_a_failing_backend_gets_one_probe_at_a_time_and_everything_once_ba
     use(server, max_batch_spans=50, max_concurrent_requests=4)
     server.latency = 0.1  # slow answers: requests sent together are seen together
     server.fail_for(1.5, status=503)
-    storm_ends = time.monotonic() + 1.5
-    produced = 0
-    while time.monotonic() < storm_ends:
-        make_spans(25, prefix=f"b{produced}-")
-        produced += 25
-        await asyncio.sleep(0.05)
+    produced = await produce_during(1.5)
     assert (await looptrace.flush(10)).ok
     failed = [(start, end) for start, end, status in server.intervals if status == 503]
     first_known = min(end for _, end in failed)

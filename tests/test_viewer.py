@@ -333,28 +333,18 @@ def test_a_trace_past_the_read_cap_says_it_was_cut(
     and says how many of how many."""
     trace = max(store.list_traces(limit=1000), key=lambda t: t["span_count"])
     assert trace["span_count"] > 3
-    app = create_app(store_path, extra_routes=viewer.routes(), max_trace_spans=3)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    context = browser.new_context(base_url=f"http://127.0.0.1:{port}")
-    try:
-        tab = context.new_page()
-        _open(tab, f"/traces/{trace['trace_id']}")
-        assert tab.locator(".wf-row").count() == 3
-        banner = tab.locator("#truncated").inner_text()
-        assert f"first 3 of {trace['span_count']} spans" in banner
-    finally:
-        context.close()
-        server.should_exit = True
-        thread.join(10)
+    from test_collector import running_collector
+
+    with running_collector(store_path, extra_routes=viewer.routes(), max_trace_spans=3) as url:
+        context = browser.new_context(base_url=url)
+        try:
+            tab = context.new_page()
+            _open(tab, f"/traces/{trace['trace_id']}")
+            assert tab.locator(".wf-row").count() == 3
+            banner = tab.locator("#truncated").inner_text()
+            assert f"first 3 of {trace['span_count']} spans" in banner
+        finally:
+            context.close()
 
 
 @browser_test
