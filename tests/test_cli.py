@@ -35,6 +35,7 @@ def dspan(
         attributes=dict(kw.get("attributes", {})),  # type: ignore[call-overload]
         status=int(kw.get("status", 0)),  # type: ignore[call-overload]
         message=str(kw.get("message", "")),
+        events=list(kw.get("events", [])),  # type: ignore[call-overload]
         resource={"service.name": "svc"},
         scope=("t", ""),
     )
@@ -61,6 +62,18 @@ def store_file(tmp_path: Path) -> Path:
                     status=2,
                     message="TimeoutError: slow",
                     attributes={"looptrace.loop.lag_max_ms": 12.5},
+                    events=[
+                        {
+                            "name": "looptrace.loop.stall",
+                            "time_ns": NOW + 2000 + 1_000_000,
+                            "attributes": {
+                                "looptrace.loop.stall.duration_ms": 12.5,
+                                "code.function": "parse_page",
+                                "code.filepath": "app/scrape.py",
+                                "code.lineno": 41,
+                            },
+                        }
+                    ],
                 ),
                 dspan(0x1AA1, 3, parent=2, name="retry"),
                 dspan(0xAA2, 1, name="other"),
@@ -104,12 +117,20 @@ def test_traces_lists_name_start_duration_status_and_span_count(store_file: Path
 
 def test_show_prints_the_tree_with_status_lag_and_payloads(store_file: Path) -> None:
     """`looptrace show PREFIX` prints parents before children with tree branches, the error
-    message, the loop lag and the start of inputs and outputs."""
+    message, the loop lag, the start of inputs and outputs, and span events: a loop stall with
+    the code that blocked it (so the culprit shows in the terminal)."""
     code, out = run(store_file, "show", f"{0x1AA1:032x}"[:-2])
     assert code == 0, out
     lines = out.splitlines()
     assert lines[0].startswith(f"trace {0x1AA1:032x}  handle")
-    names = [line for line in lines if "in:" not in line and "out:" not in line][2:]
+    assert any(
+        "event +1.0ms looptrace.loop.stall: parse_page (app/scrape.py:41) blocked the loop "
+        "for 12.5ms" in line
+        for line in lines
+    ), out
+    names = [
+        line for line in lines if "in:" not in line and "out:" not in line and "event " not in line
+    ][2:]
     assert names[0].startswith("handle  2.5ms")
     assert names[1].startswith("└─ fetch  2.5ms  ERROR  lag 12.5ms  TimeoutError: slow")
     assert names[2].startswith("   └─ retry")

@@ -733,13 +733,15 @@ class Store:
     def get_tree(self, trace_id: str, preview: int = 200) -> list[dict[str, Any]]:
         """What a span tree shows, and nothing more (no JSON columns are parsed): per span,
         ``span_id``, ``parent_span_id``, ``name``, ``start_ns``, ``duration_ns``, ``status``,
-        ``status_message``, ``lag_max_ms``, ``in_progress`` and ``input``/``output`` previews,
-        ordered by start time. ``looptrace show`` on 10,000 spans reads this."""
+        ``status_message``, ``lag_max_ms``, ``in_progress``, ``input``/``output`` previews and
+        ``events`` (parsed only for the spans that have any), ordered by start time.
+        ``looptrace show`` on 10,000 spans reads this."""
         n = int(preview)
         sql = (
             "SELECT span_id, parent_span_id, name, start_ns, duration_ns, status_code, "
             f"status_message, lag_max_ms, in_progress, substr(input, 1, {n}), "
-            f"substr(output, 1, {n}) FROM spans WHERE trace_id = ? ORDER BY start_ns, span_id"
+            f"substr(output, 1, {n}), CASE WHEN events = '[]' THEN NULL ELSE events END "
+            "FROM spans WHERE trace_id = ? ORDER BY start_ns, span_id"
         )
         with self._reader() as conn:
             return [
@@ -755,6 +757,7 @@ class Store:
                     "in_progress": bool(r[8]),
                     "input": r[9],
                     "output": r[10],
+                    "events": _loads(r[11]) if r[11] is not None else [],
                 }
                 for r in conn.execute(sql, (trace_id,))
             ]

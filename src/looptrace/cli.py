@@ -139,8 +139,28 @@ def render_tree(spans: Sequence[dict[str, Any]], width: int = 100) -> Iterator[s
             yield f"{detail}in:  {_clip(span['input'], room)}"
         if span["output"] is not None:
             yield f"{detail}out: {_clip(span['output'], room)}"
+        for event in span.get("events") or ():
+            yield f"{detail}{_event_line(event, span['start_ns'], room)}"
         for i in range(len(kids) - 1, -1, -1):
             stack.append((kids[i], child_prefix, i == len(kids) - 1, False))
+
+
+def _event_line(event: dict[str, Any], span_start_ns: int, room: int) -> str:
+    """One event of a span: when (from the span's start), its name, and what says most about
+    it: a loop stall names the code that blocked (where, how long), an exception its type and
+    message."""
+    attrs = event.get("attributes") or {}
+    when = event.get("time_ns") or span_start_ns
+    text = f"event +{fmt_duration(max(0, when - span_start_ns))} {event.get('name', '')}"
+    if "looptrace.loop.stall.duration_ms" in attrs:
+        where = f"{attrs.get('code.filepath', '?')}:{attrs.get('code.lineno', '?')}"
+        text += (
+            f": {attrs.get('code.function', '?')} ({where}) blocked the loop for "
+            f"{float(attrs['looptrace.loop.stall.duration_ms']):.1f}ms"
+        )
+    elif "exception.type" in attrs:
+        text += f": {attrs['exception.type']}: {attrs.get('exception.message', '')}"
+    return _clip(text, room + 5)
 
 
 # --------------------------------------------------------------------------------------------
