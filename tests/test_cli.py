@@ -154,7 +154,7 @@ def test_show_exit_codes(store_file: Path, tmp_path: Path) -> None:
 
 def test_experiments_lists_scores_and_shows_cases(store_file: Path) -> None:
     """`looptrace experiments` lists experiments with score means; with an id prefix it shows
-    the cases; an unknown id exits 3."""
+    the cases by name; an unknown id exits 3."""
     code, out = run(store_file, "experiments")
     assert code == 0
     assert "qa" in out
@@ -163,6 +163,8 @@ def test_experiments_lists_scores_and_shows_cases(store_file: Path) -> None:
     assert code == 0
     assert "experiment qa" in out
     assert '"Paris"' in out
+    header, case = [line for line in out.splitlines() if line.startswith(("CASE", "0 "))]
+    assert header.split()[:2] == ["CASE", "NAME"] and case.split()[1:3] == ["case", "0"]
     assert run(store_file, "experiments", "0123")[0] == cli.EXIT_NOT_FOUND
 
 

@@ -404,7 +404,8 @@ def test_span_data_renders_as_text_never_as_html(page: Any) -> None:
 @needs_chromium
 def test_experiment_pages_show_the_demos_scores(page: Any, store: Store, tmp_path: Path) -> None:
     """The experiments table shows each experiment's case count, errors and score means; one
-    experiment lists every case with input, output, expected and scores, linked to its trace."""
+    experiment lists every case by name (a test's name, for an experiment the pytest plugin
+    made) with input, output, expected and scores, linked to its trace."""
     experiments = store.list_experiments()
     _open(page, "/experiments")
     rows = page.locator("table.experiments tbody tr")
@@ -429,6 +430,7 @@ def test_experiment_pages_show_the_demos_scores(page: Any, store: Store, tmp_pat
         assert f"{agg['mean']:.3f}" in page.locator(f".card[data-score='{name}']").inner_text()
     first = full["cases"][0]
     row = cases.nth(0)
+    assert row.locator(".case-name").inner_text() == first["name"]
     assert "What is the capital of" in row.inner_text()
     assert str(first["expected"]).strip('"') in row.inner_text()
     href = row.locator("a", has_text="trace").get_attribute("href")

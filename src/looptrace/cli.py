@@ -353,6 +353,7 @@ def _show_experiment(exp: dict[str, Any], as_json: bool) -> None:
     table = [
         (
             str(c["case_index"]),
+            _clip(c["name"] or "", 40),
             c["trace_id"],
             fmt_duration(c["duration_ns"]),
             c["status"],
@@ -361,7 +362,9 @@ def _show_experiment(exp: dict[str, Any], as_json: bool) -> None:
         )
         for c in exp["cases"]
     ]
-    click.echo(_table(("CASE", "TRACE ID", "DURATION", "STATUS", *names, "OUTPUT / ERROR"), table))
+    click.echo(
+        _table(("CASE", "NAME", "TRACE ID", "DURATION", "STATUS", *names, "OUTPUT / ERROR"), table)
+    )
 
 
 @main.command(epilog=_EPILOG)

@@ -431,6 +431,7 @@ async function experimentPage(experimentId) {
       el("div", { className: "muted" }, `min ${fmtNumber(e.scores[n].min)} · max ${fmtNumber(e.scores[n].max)} · n ${e.scores[n].count}`))));
   const rows = (e.cases || []).map((c) => el("tr", { "data-case-index": c.case_index },
     el("td", { className: "num" }, String(c.case_index)),
+    el("td", { className: "case-name" }, c.name || ""),
     payloadCell(c.input), payloadCell(c.output), payloadCell(c.expected),
     names.map((n) => el("td", { className: "num", title: c.comments?.[n] || "" }, c.scores?.[n] !== undefined ? fmtNumber(c.scores[n]) : "")),
     el("td", {}, badge(c.in_progress ? "in_progress" : c.status), c.error ? el("div", { className: "error-text" }, c.error) : null),
@@ -444,7 +445,7 @@ async function experimentPage(experimentId) {
       el("span", { className: "mono muted" }, e.id)),
     meta, cards,
     el("table", { className: "grid cases" },
-      el("thead", {}, el("tr", {}, el("th", { className: "num" }, "#"), el("th", {}, "Input"), el("th", {}, "Output"), el("th", {}, "Expected"),
+      el("thead", {}, el("tr", {}, el("th", { className: "num" }, "#"), el("th", {}, "Case"), el("th", {}, "Input"), el("th", {}, "Output"), el("th", {}, "Expected"),
         names.map((n) => el("th", { className: "num" }, n)), el("th", {}, "Status"), el("th", { className: "num" }, "Duration"), el("th", {}, ""))),
       el("tbody", {}, rows)));
 }
