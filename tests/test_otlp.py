@@ -1016,18 +1016,24 @@ def test_corrupt_compressed_body(encoding: str) -> None:
 
 
 def test_default_resource() -> None:
-    """service.name, configured resource attributes, then the telemetry.sdk facts."""
+    """service.name, configured resource attributes, this process's service.instance.id, then
+    the telemetry.sdk facts; a configured service.instance.id is kept."""
     from looptrace import __version__
 
     res = default_resource(Config(service_name="api", resource_attributes={"team": "core"}))
+    instance = dict(res.attributes)["service.instance.id"]
+    assert isinstance(instance, str) and len(instance) == 32
     assert res.attributes == [
         ("service.name", "api"),
         ("team", "core"),
+        ("service.instance.id", instance),
         ("telemetry.sdk.name", "looptrace"),
         ("telemetry.sdk.language", "python"),
         ("telemetry.sdk.version", __version__),
     ]
     assert (res.scope_name, res.scope_version) == ("looptrace", __version__)
+    mine = default_resource(Config(resource_attributes={"service.instance.id": "pod-7"}))
+    assert [v for k, v in mine.attributes if k == "service.instance.id"] == ["pod-7"]
     # service.name from resource attributes counts only when no service name was configured.
     res = default_resource(Config(resource_attributes={"service.name": "from-attrs"}))
     assert dict(res.attributes)["service.name"] == "from-attrs"

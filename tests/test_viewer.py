@@ -561,3 +561,68 @@ def test_looptrace_serve_serves_the_viewer(store_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _summary(n: int, start_s: float, end_s: float, instance: str, p99: float) -> DecodedSpan:
+    base = 1_795_000_000_000_000_000  # nanoseconds since the epoch: past what a JS number holds
+    return decoded_span(
+        0x7000 + n,
+        1,
+        None,
+        "looptrace.loop.lag",
+        base + int(start_s * 1e9),
+        base + int(end_s * 1e9),
+        attributes={
+            "looptrace.loop.lag.p99_ms": p99,
+            "looptrace.loop.lag.max_ms": p99 * 2,
+            "looptrace.loop.lag.count": 100,
+        },
+        resource={"service.name": "svc", "service.instance.id": instance},
+    )
+
+
+@browser_test
+@needs_chromium
+@pytest.mark.parametrize(
+    ("summaries", "lines", "dots"),
+    [
+        # One summary (the quick start's): one dot, no line, no NaN anywhere.
+        ([(0, 10, "a")], 0, 1),
+        # One process, two windows back to back, then one two minutes later: the line breaks.
+        ([(0, 10, "a"), (10, 20, "a"), (140, 150, "a")], 1, 3),
+        # Two processes at once, each two windows: two lines, never one across both.
+        ([(0, 10, "a"), (5, 15, "b"), (10, 20, "a"), (15, 25, "b")], 2, 4),
+    ],
+)
+def test_the_lag_chart_is_right_for_one_point_for_gaps_and_for_processes(
+    browser: Any,
+    tmp_path: Path,
+    summaries: list[tuple[float, float, str]],
+    lines: int,
+    dots: int,
+) -> None:
+    """The lag chart draws one summary as a dot (nanosecond timestamps no longer make every
+    coordinate NaN), breaks the line where summaries stop for a while, and draws each process
+    as its own line."""
+    from test_collector import running_collector
+
+    path = tmp_path / "lag.db"
+    with Store(path) as store:
+        store.write([_summary(i, s, e, inst, 1.0 + i) for i, (s, e, inst) in enumerate(summaries)])
+    with running_collector(path, extra_routes=viewer.routes()) as url:
+        context = browser.new_context(base_url=url)
+        try:
+            tab = context.new_page()
+            _open(tab, "/lag")
+            chart = tab.locator("#lag-chart")
+            assert chart.locator("circle.dot-p99").count() == dots
+            assert chart.locator("polyline.p99").count() == lines
+            markup = chart.inner_html()
+            assert "NaN" not in markup and "Infinity" not in markup
+            if lines == 2:
+                series = {
+                    p.get_attribute("data-series") for p in chart.locator("polyline.p99").all()
+                }
+                assert len(series) == 2
+        finally:
+            context.close()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import binascii
 import math
+import os
 import struct
 import zlib
 from collections.abc import Mapping, Sequence
@@ -143,10 +144,23 @@ class Resource:
         )
 
 
+def _new_instance_id() -> None:
+    _instance[0] = os.urandom(16).hex()
+
+
+# service.instance.id: one per process (a forked child gets its own), so what one run of a
+# program sent (its lag summaries, say) can be told from another's.
+_instance = [""]
+_new_instance_id()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_instance_id)
+
+
 def default_resource(cfg: Config) -> Resource:
-    """The resource looptrace sends: service.name, the telemetry.sdk.* facts, then
-    ``cfg.resource_attributes``. ``service.name`` from ``resource_attributes`` is used only when
-    no service name was configured (the OpenTelemetry rule: OTEL_SERVICE_NAME wins)."""
+    """The resource looptrace sends: service.name, ``cfg.resource_attributes``, then
+    service.instance.id (unless configured) and the telemetry.sdk.* facts. ``service.name``
+    from ``resource_attributes`` is used only when no service name was configured (the
+    OpenTelemetry rule: OTEL_SERVICE_NAME wins)."""
     from . import __version__
 
     extra = dict(cfg.resource_attributes)
@@ -156,6 +170,8 @@ def default_resource(cfg: Config) -> Resource:
     extra.pop("service.name", None)
     attrs: Attributes = [("service.name", service)]
     attrs.extend(extra.items())
+    if "service.instance.id" not in extra:
+        attrs.append(("service.instance.id", _instance[0]))
     attrs.append(("telemetry.sdk.name", "looptrace"))
     attrs.append(("telemetry.sdk.language", "python"))
     attrs.append(("telemetry.sdk.version", __version__))

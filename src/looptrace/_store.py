@@ -886,9 +886,10 @@ class Store:
         ``looptrace.loop.lag_max_ms``."""
         summaries = []
         with self._reader() as conn:
-            for trace_id, span_id, start, end, attrs, service in conn.execute(
+            for trace_id, span_id, start, end, attrs, service, instance in conn.execute(
                 "SELECT s.trace_id, s.span_id, s.start_ns, s.end_ns, s.attributes, "
-                "json_extract(r.attributes, '$.\"service.name\"') FROM spans s "
+                "json_extract(r.attributes, '$.\"service.name\"'), "
+                "json_extract(r.attributes, '$.\"service.instance.id\"') FROM spans s "
                 "LEFT JOIN resources r ON r.id = s.resource_id "
                 "WHERE s.name = ? AND s.start_ns >= ? ORDER BY s.start_ns DESC LIMIT ?",
                 (LAG_SPAN_NAME, since_ns or 0, limit),
@@ -905,6 +906,7 @@ class Store:
                         "start_ns": start,
                         "end_ns": end,
                         "service_name": service,
+                        "instance": instance,
                         "values": values,
                     }
                 )

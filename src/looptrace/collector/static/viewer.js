@@ -504,12 +504,15 @@ function lagValue(values, name) {
 }
 
 function lagChart(points) {
+  // Times are nanoseconds since the epoch, past what a JS number holds exactly: the chart works
+  // in milliseconds from the first summary (x0 + 1 would equal x0 in nanoseconds).
+  const base = Math.min(...points.map((p) => p.start));
+  const rel = (ns) => (ns - base) / 1e6;
   const W = 960, H = 300, L = 56, R = 16, T = 14, B = 34;
-  const xs = points.map((p) => p.t);
-  const x0 = Math.min(...xs);
-  const x1 = Math.max(...xs, x0 + 1);
+  const x0 = 0;
+  const x1 = Math.max(...points.map((p) => rel(p.t)), 1);
   const top = Math.max(1, ...points.map((p) => Math.max(p.p99 ?? 0, p.max ?? 0))) * 1.1;
-  const x = (t) => L + ((t - x0) / (x1 - x0)) * (W - L - R);
+  const x = (t) => L + ((rel(t) - x0) / (x1 - x0)) * (W - L - R);
   const y = (v) => T + (1 - v / top) * (H - T - B);
   const chart = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "event-loop lag over time" });
   for (let i = 0; i <= 4; i++) {
@@ -518,42 +521,53 @@ function lagChart(points) {
       svg("text", { x: L - 6, y: y(v) + 4, "text-anchor": "end" }, `${v.toFixed(v < 10 ? 1 : 0)} ms`));
   }
   // A short run reads better as seconds since its first summary than as clock times.
-  const short = x1 - x0 < 600e9;
+  const short = x1 - x0 < 600e3;
   for (let i = 0; i <= 4; i++) {
-    const t = x0 + ((x1 - x0) * i) / 4;
-    const label = i === 0 || !short ? new Date(t / 1e6).toLocaleTimeString() : `+${((t - x0) / 1e9).toFixed(1)} s`;
-    chart.append(svg("text", { x: x(t), y: H - 12, "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle" }, label));
+    const ms = x0 + ((x1 - x0) * i) / 4;
+    const label = i === 0 || !short ? new Date(base / 1e6 + ms).toLocaleTimeString() : `+${(ms / 1e3).toFixed(1)} s`;
+    chart.append(svg("text", { x: L + (ms / (x1 - x0)) * (W - L - R), y: H - 12, "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle" }, label));
   }
   chart.append(svg("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }), svg("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }));
-  // The line breaks where summaries stop for a while (the program was not running), instead of
-  // drawing a slope across the gap: a gap is three times the usual spacing.
-  const steps = xs.slice(1).map((t, i) => t - xs[i]).sort((p, q) => p - q);
-  const gap = 3 * (steps[Math.floor(steps.length / 2)] || Infinity);
-  for (const key of ["p99", "max"]) {
-    const pts = points.filter((p) => p[key] !== null);
-    let run = [];
-    const flush = () => {
-      if (run.length) chart.append(svg("polyline", { class: key, points: run.join(" ") }));
-      run = [];
-    };
-    pts.forEach((p, i) => {
-      if (i && p.t - pts[i - 1].t > gap) flush();
-      run.push(`${x(p.t).toFixed(1)},${y(p[key]).toFixed(1)}`);
-    });
-    flush();
-    for (const p of pts) {
-      chart.append(svg("circle", { class: `dot-${key}`, cx: x(p.t), cy: y(p[key]), r: key === "p99" ? 3.5 : 2 },
-        svg("title", {}, `${key} ${p[key].toFixed(2)} ms at ${new Date(p.t / 1e6).toLocaleTimeString()}`)));
+  // One series per process (service and instance): lines never join two processes. Within a
+  // series the line breaks where summaries stop (the program was not running): when a window
+  // starts more than a second, and more than half its own length, after the previous ended.
+  const series = new Map();
+  for (const p of points) {
+    const key = `${p.service ?? ""} ${p.instance ?? ""}`;
+    if (!series.has(key)) series.set(key, []);
+    series.get(key).push(p);
+  }
+  for (const [key, pts] of series) {
+    for (const kind of ["p99", "max"]) {
+      const own = pts.filter((p) => p[kind] !== null);
+      let run = [];
+      const flush = () => {
+        if (run.length > 1) chart.append(svg("polyline", { class: kind, "data-series": key, points: run.join(" ") }));
+        run = [];
+      };
+      own.forEach((p, i) => {
+        const prev = own[i - 1];
+        if (prev && p.start - prev.end > Math.max(1e9, 0.5 * (p.end - p.start))) flush();
+        run.push(`${x(p.t).toFixed(1)},${y(p[kind]).toFixed(1)}`);
+      });
+      flush();
+      for (const p of own) {
+        chart.append(svg("circle", { class: `dot-${kind}`, cx: x(p.t).toFixed(1), cy: y(p[kind]).toFixed(1), r: kind === "p99" ? 3.5 : 2 },
+          svg("title", {}, `${kind} ${p[kind].toFixed(2)} ms at ${new Date(p.t / 1e6).toLocaleTimeString()}${series.size > 1 ? ` (${p.service ?? "?"}, process ${(p.instance ?? "?").slice(0, 8)})` : ""}`)));
+      }
     }
   }
   return el("div", { className: "chart", id: "lag-chart" }, chart,
-    el("div", { className: "legend" }, el("span", {}, el("span", { className: "sw p99" }), "p99"), el("span", {}, el("span", { className: "sw max" }), "max")));
+    el("div", { className: "legend" }, el("span", {}, el("span", { className: "sw p99" }), "p99"), el("span", {}, el("span", { className: "sw max" }), "max"),
+      series.size > 1 ? el("span", { className: "muted" }, `${series.size} processes, each its own line`) : null));
 }
 
 async function lagPage() {
   const data = await api(`/api/lag?limit=500&worst=20`);
   const points = data.summaries.slice().reverse().map((s) => ({
-    t: s.end_ns || s.start_ns, p99: lagValue(s.values, "p99"), max: lagValue(s.values, "max"),
+    t: s.end_ns || s.start_ns, start: s.start_ns, end: s.end_ns || s.start_ns,
+    service: s.service_name, instance: s.instance,
+    p99: lagValue(s.values, "p99"), max: lagValue(s.values, "max"),
   }));
   const worst = data.worst_spans.map((w) => el("tr", {},
     el("td", {}, link(`/traces/${encodeURIComponent(w.trace_id)}#span=${encodeURIComponent(w.span_id)}`, w.name)),
