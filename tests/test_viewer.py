@@ -626,3 +626,55 @@ def test_the_lag_chart_is_right_for_one_point_for_gaps_and_for_processes(
                 assert len(series) == 2
         finally:
             context.close()
+
+
+@browser_test
+@needs_chromium
+def test_the_span_panel_rounds_numbers_shows_stacks_as_lines_and_says_ok(
+    browser: Any, tmp_path: Path
+) -> None:
+    """In the span panel a float attribute is rounded (its exact value on hover), a loop
+    stall's stack reads as lines rather than one string with literal \\n, and a span whose
+    status is unset reads as ok, as the trace list says."""
+    from test_collector import running_collector
+
+    path = tmp_path / "panel.db"
+    start = 1_795_000_000_000_000_000
+    span = decoded_span(
+        0x7A,
+        1,
+        None,
+        "handler",
+        start,
+        start + 50_000_000,
+        attributes={"ratio": 0.123456789123},
+        events=[
+            {
+                "name": "looptrace.loop.stall",
+                "time_ns": start + 1_000_000,
+                "attributes": {
+                    "looptrace.loop.stall.duration_ms": 31.25,
+                    "looptrace.loop.stall.stack": "app.py:3 in main\napp.py:9 in parse",
+                },
+            }
+        ],
+    )
+    with Store(path) as store:
+        store.write([span])
+    with running_collector(path, extra_routes=viewer.routes()) as url:
+        context = browser.new_context(base_url=url)
+        try:
+            tab = context.new_page()
+            _open(tab, f"/traces/{0x7A:032x}#span={1:016x}")
+            panel = tab.locator("#span-panel")
+            panel.locator("pre.lines").wait_for()
+            assert panel.locator("pre.lines").inner_text().splitlines() == [
+                "app.py:3 in main",
+                "app.py:9 in parse",
+            ]
+            text = panel.inner_text()
+            assert "\\n" not in text
+            assert "0.123457" in text and "0.123456789123" not in text
+            assert "ok (status unset)" in text
+        finally:
+            context.close()

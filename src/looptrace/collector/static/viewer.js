@@ -314,12 +314,30 @@ function kv(pairs) {
   return el("dl", { className: "kv" }, pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
 }
 
+// One attribute value: numbers rounded (the exact value on hover), text with line breaks (a
+// stall's stack) as lines, structures as a JSON block.
+function attrValue(key, v) {
+  if (typeof v === "number" && !Number.isInteger(v)) {
+    return el("span", { className: "mono", title: String(v) }, String(Number(v.toPrecision(6))));
+  }
+  if (typeof v === "string" && v.includes("\n")) return el("pre", { className: "lines" }, v);
+  if (isStructured(v)) return jsonBlock(v);
+  return el("span", { className: "mono" }, String(v));
+}
+
+// A span's status as the trace list says it: OpenTelemetry's UNSET means nothing failed.
+function statusText(span, open) {
+  if (open) return "in progress";
+  const shown = span.status === "unset" ? "ok (status unset)" : span.status;
+  return span.status_message ? `${shown}: ${span.status_message}` : shown;
+}
+
 function spanDetails(span, t0) {
   const open = isOpen(span);
   const out = [
     el("h2", {}, span.name),
     kv([
-      ["status", span.status_message ? `${span.status}: ${span.status_message}` : (open ? "in progress" : span.status)],
+      ["status", statusText(span, open)],
       ["duration", open ? "running" : fmtDuration(span.end_ns - span.start_ns)],
       ["starts at", `+${fmtDuration(span.start_ns - t0)}`],
       ["span id", span.span_id],
@@ -343,13 +361,16 @@ function spanDetails(span, t0) {
     out.push(el("h3", {}, "Attributes"), el("table", { className: "grid attributes" }, el("tbody", {},
       attrs.sort(([a], [b]) => a.localeCompare(b)).map(([k, v]) => el("tr", {},
         el("td", { className: "mono" }, k),
-        el("td", {}, isStructured(v) ? jsonBlock(v) : el("span", { className: "mono" }, String(v))))))));
+        el("td", {}, attrValue(k, v)))))));
   }
   const events = (span.events || []).filter((e) => e !== exception);
   if (events.length) {
     out.push(el("h3", {}, "Events"), el("ul", { className: "events" }, events.map((e) => el("li", {},
       el("strong", {}, e.name), el("span", { className: "muted" }, ` +${fmtDuration(e.time_ns - t0)}`),
-      Object.keys(e.attributes || {}).length ? jsonBlock(e.attributes) : null))));
+      Object.keys(e.attributes || {}).length
+        ? el("table", { className: "grid attributes" }, el("tbody", {},
+          Object.entries(e.attributes).map(([k, v]) => el("tr", {}, el("td", { className: "mono" }, k), el("td", {}, attrValue(k, v))))))
+        : null))));
   }
   if (span.resource && Object.keys(span.resource).length) {
     out.push(el("details", {}, el("summary", {}, "resource"), jsonBlock(span.resource)));
