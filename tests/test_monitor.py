@@ -453,3 +453,21 @@ async def test_lag_monitor_switched_on_by_configuration(tmp_path: pathlib.Path) 
     running = monitor.active_monitor()
     assert running is not None
     running.stop()
+
+
+async def stall_then_span(seconds: float) -> None:
+    time.sleep(seconds)  # the stall has begun before the span starts
+    with looptrace.span("late"):
+        time.sleep(seconds)
+
+
+async def test_a_stall_event_is_never_dated_before_its_span() -> None:
+    """A span that starts inside a step that was already stalling gets the stall event dated
+    at its own start at the earliest, never before the span began."""
+    async with LagMonitor(culprits=True, culprit_threshold=0.05):
+        await asyncio.sleep(0)  # the step that started the monitor was not timed
+        with capture_spans() as spans:
+            await stall_then_span(0.1)
+    span = spans.by_name("late")
+    (event,) = [e for e in span.events or [] if e.name == monitor.STALL_EVENT]
+    assert span.start_ns <= event.time_ns <= span.end_ns

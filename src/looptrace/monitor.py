@@ -328,7 +328,9 @@ class _Watch:
         emitted = bool(delivered)
         for _, span in reversed(samples):
             if span is not None and span.is_recording and not span.end_ns:
-                span.add_event(STALL_EVENT, _event_attributes(culprit), _stall_start_ns(elapsed))
+                span.add_event(
+                    STALL_EVENT, _event_attributes(culprit), _stall_start_ns(elapsed, span)
+                )
                 emitted = True
                 break
         if not emitted:
@@ -362,15 +364,17 @@ class _Watch:
 def _append_event(span: Span, culprit: Culprit, elapsed: float) -> None:
     from ._span import Event
 
-    event = Event(STALL_EVENT, _stall_start_ns(elapsed), _event_attributes(culprit))
+    event = Event(STALL_EVENT, _stall_start_ns(elapsed, span), _event_attributes(culprit))
     if span.events is None:
         span.events = [event]
     else:
         span.events.append(event)
 
 
-def _stall_start_ns(elapsed: float) -> int:
-    return _clock.now_ns() - int(elapsed * 1e9)
+def _stall_start_ns(elapsed: float, span: Span) -> int:
+    """When the stall began, as seen by ``span``: a span that started inside the blocking step
+    (after the stall began) dates it at its own start, never before it."""
+    return max(_clock.now_ns() - int(elapsed * 1e9), span.start_ns)
 
 
 def _event_attributes(culprit: Culprit) -> dict[str, Any]:
