@@ -919,11 +919,13 @@ class Store:
                     "duration_ns": r[4],
                     "lag_max_ms": r[5],
                 }
+                # The monitor's own summary spans carry a window's lag, not a stall they
+                # suffered: they are the chart, not the list of victims.
                 for r in conn.execute(
                     "SELECT trace_id, span_id, name, start_ns, duration_ns, lag_max_ms FROM spans "
-                    "WHERE lag_max_ms IS NOT NULL AND start_ns >= ? "
+                    "WHERE lag_max_ms IS NOT NULL AND start_ns >= ? AND name != ? "
                     "ORDER BY lag_max_ms DESC LIMIT ?",
-                    (since_ns or 0, worst),
+                    (since_ns or 0, LAG_SPAN_NAME, worst),
                 )
             ]
         return {"summaries": summaries, "worst_spans": worst_spans}
