@@ -19,7 +19,15 @@ from . import _clock, _pipeline, _state
 from ._context import CURRENT
 from ._errors import internal_error
 from ._semconv import GENERATOR_CLOSED_EARLY, GENERATOR_ITEMS
-from ._span import CallSite, NonRecordingSpan, RemoteChildSpan, Span, SpanContext, SpanKind
+from ._span import (
+    CallSite,
+    NonRecordingSpan,
+    RemoteChildSpan,
+    ScopedSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -38,6 +46,9 @@ def start_span(
     """Create (but do not activate) a span under ``parent`` or the active span."""
     if parent is None:
         parent = _current_get()
+        bridge = _state.bridge
+        if bridge is not None:
+            parent = bridge.parent(parent)
     if parent is None:
         trace_id = _clock.new_trace_id()
         if (trace_id & _MASK64) >= _state.sample_threshold:
@@ -70,6 +81,66 @@ def start_span(
     return span
 
 
+def start_scoped_span(
+    name: str,
+    attributes: dict[str, Any] | None,
+    parent: Span | None,
+    kind: int,
+    scope: tuple[str, str] | None,
+    start_ns: int | None = None,
+) -> Span:
+    """:func:`start_span` for a span made through another tracing API: under ``parent``
+    exactly (None: a new trace), exported under ``scope``, started at ``start_ns``."""
+    if start_ns is None:
+        start_ns = _clock.now_ns()
+    if parent is None:
+        trace_id = _clock.new_trace_id()
+        if (trace_id & _MASK64) >= _state.sample_threshold:
+            return NonRecordingSpan(trace_id, _clock.new_span_id())
+        span: Span = ScopedSpan(
+            name, trace_id, _clock.new_span_id(), 0, start_ns, attributes, "", kind, scope, False
+        )
+        _report_start(span)
+    elif not parent.is_recording:
+        return parent
+    else:
+        remote = parent.is_remote
+        span = ScopedSpan(
+            name,
+            parent.trace_id,
+            _clock.new_span_id(),
+            parent.span_id,
+            start_ns,
+            attributes,
+            parent.trace_state,
+            kind,
+            scope,
+            remote,
+        )
+        if remote:
+            _report_start(span)
+    if _state.start_hooks:
+        for hook in _state.start_hooks:
+            try:
+                hook(span)
+            except Exception as exc:
+                internal_error("span.start_hook", exc)
+    return span
+
+
+def _activate(span: Span) -> tuple[Any, Any, Any]:
+    """Make ``span`` the active span (in the bridged API's context too, when there is one)."""
+    bridge = _state.bridge
+    return CURRENT.set(span), bridge, bridge.enter(span) if bridge is not None else None
+
+
+def _deactivate(tokens: tuple[Any, Any, Any]) -> None:
+    token, bridge, bridged = tokens
+    if bridge is not None:
+        _bridge_exit(bridge, bridged)
+    CURRENT.reset(token)
+
+
 def _report_start(root: Span) -> None:
     try:
         _state.sink.on_start(root)
@@ -84,7 +155,7 @@ class span:
     An exception leaving the block is recorded on the span and re-raised untouched.
     """
 
-    __slots__ = ("_attributes", "_kind", "_name", "_parent", "_span", "_token")
+    __slots__ = ("_attributes", "_kind", "_name", "_parent", "_span", "_tokens")
 
     def __init__(
         self,
@@ -99,7 +170,7 @@ class span:
         self._parent = parent
         self._kind = int(kind)
         self._span: Span | None = None
-        self._token: Any = None
+        self._tokens: Any = None
 
     def __enter__(self) -> Span:
         parent = self._parent
@@ -117,7 +188,7 @@ class span:
         else:
             s = start_span(self._name, self._attributes, parent, self._kind)
         self._span = s
-        self._token = CURRENT.set(s)
+        self._tokens = _activate(s)
         return s
 
     def __exit__(
@@ -130,7 +201,7 @@ class span:
         if s is None:
             return
         try:
-            CURRENT.reset(self._token)
+            _deactivate(self._tokens)
         except ValueError:
             # Entered in one context and left in another (a generator resumed elsewhere):
             # the block is still over, so fall back to the span's parent.
@@ -327,6 +398,8 @@ def _wrap(fn: Callable[..., Any], site: CallSite) -> Callable[..., Any]:
                 if want_inputs if want_inputs is not None else _state.capture_inputs:
                     s.inputs = bind(args, kwargs)
             token = set_current(s)
+            bridge = _state.bridge
+            bridged = bridge.enter(s) if bridge is not None else None
             try:
                 result = await fn(*args, **kwargs)
             except BaseException as exc:
@@ -339,6 +412,8 @@ def _wrap(fn: Callable[..., Any], site: CallSite) -> Callable[..., Any]:
                     s.output = result
                 return result
             finally:
+                if bridge is not None:
+                    _bridge_exit(bridge, bridged)
                 reset_current(token)
                 s.end()
 
@@ -355,6 +430,8 @@ def _wrap(fn: Callable[..., Any], site: CallSite) -> Callable[..., Any]:
             if want_inputs if want_inputs is not None else _state.capture_inputs:
                 s.inputs = bind(args, kwargs)
         token = set_current(s)
+        bridge = _state.bridge
+        bridged = bridge.enter(s) if bridge is not None else None
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
@@ -365,10 +442,19 @@ def _wrap(fn: Callable[..., Any], site: CallSite) -> Callable[..., Any]:
                 s.output = result
             return result
         finally:
+            if bridge is not None:
+                _bridge_exit(bridge, bridged)
             reset_current(token)
             s.end()
 
     return sync_wrapper
+
+
+def _bridge_exit(bridge: _state.ContextBridge, token: object) -> None:
+    try:
+        bridge.exit(token)
+    except Exception as exc:
+        internal_error("span.bridge_exit", exc)
 
 
 def _finish_items(s: Span, items: list[Any], count: int, keep: bool) -> None:
@@ -394,7 +480,7 @@ def _wrap_generator(
         count = 0
         # The span is active only while the generator's own code runs, never between yields,
         # so the caller's spans do not nest under it.
-        token = CURRENT.set(s)
+        token = _activate(s)
         try:
             gen = fn(*args, **kwargs)
         except BaseException as exc:
@@ -402,18 +488,18 @@ def _wrap_generator(
             s.end()
             raise
         finally:
-            CURRENT.reset(token)
+            _deactivate(token)
         send: Callable[[Any], Any] = gen.send
         value: Any = None
         try:
             while True:
-                token = CURRENT.set(s)
+                token = _activate(s)
                 try:
                     item = send(value)
                 except StopIteration as stop:
                     return stop.value
                 finally:
-                    CURRENT.reset(token)
+                    _deactivate(token)
                 count += 1
                 if keep and len(items) < limit:
                     items.append(item)
@@ -422,11 +508,11 @@ def _wrap_generator(
                     send = gen.send
                 except GeneratorExit:
                     s.set_attribute(GENERATOR_CLOSED_EARLY, True)
-                    token = CURRENT.set(s)
+                    token = _activate(s)
                     try:
                         gen.close()
                     finally:
-                        CURRENT.reset(token)
+                        _deactivate(token)
                     raise
                 except BaseException as exc:
                     send, value = gen.throw, exc
@@ -462,22 +548,22 @@ def _wrap_async_generator(
         limit = _state.max_generator_items
         items: list[Any] = []
         count = 0
-        token = CURRENT.set(s)
+        token = _activate(s)
         try:
             agen = fn(*args, **kwargs)
         finally:
-            CURRENT.reset(token)
+            _deactivate(token)
         send: Callable[[Any], Awaitable[Any]] = agen.asend
         value: Any = None
         try:
             while True:
-                token = CURRENT.set(s)
+                token = _activate(s)
                 try:
                     item = await send(value)
                 except StopAsyncIteration:
                     return
                 finally:
-                    CURRENT.reset(token)
+                    _deactivate(token)
                 count += 1
                 if keep and len(items) < limit:
                     items.append(item)
@@ -486,11 +572,11 @@ def _wrap_async_generator(
                     send = agen.asend
                 except GeneratorExit:
                     s.set_attribute(GENERATOR_CLOSED_EARLY, True)
-                    token = CURRENT.set(s)
+                    token = _activate(s)
                     try:
                         await agen.aclose()
                     finally:
-                        CURRENT.reset(token)
+                        _deactivate(token)
                     raise
                 except BaseException as exc:
                     send, value = agen.athrow, exc

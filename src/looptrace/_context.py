@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import ParamSpec, TypeVar
 
+from . import _state
 from ._span import INVALID_SPAN, Span, SpanContext
 
 P = ParamSpec("P")
@@ -27,6 +28,9 @@ CURRENT: contextvars.ContextVar[Span | None] = contextvars.ContextVar(
 def current_span() -> Span:
     """The span active in this context, or a non-recording span when there is none."""
     span = CURRENT.get()
+    bridge = _state.bridge
+    if bridge is not None:
+        span = bridge.parent(span)
     return INVALID_SPAN if span is None else span
 
 
@@ -51,11 +55,8 @@ def attach(context: SpanContext | None) -> Iterator[None]:
         from ._span import NonRecordingSpan
 
         parent = NonRecordingSpan(context.trace_id, context.span_id, context.trace_state)
-    token = CURRENT.set(parent)
-    try:
+    with _active(parent):
         yield
-    finally:
-        CURRENT.reset(token)
 
 
 @contextlib.contextmanager
@@ -63,10 +64,20 @@ def suppress_tracing() -> Iterator[None]:
     """No span is recorded inside this block (the exporter runs under it, so it never traces
     its own requests). Costs nothing extra on the hot path: the active span is simply a
     non-recording one."""
-    token = CURRENT.set(INVALID_SPAN)
+    with _active(INVALID_SPAN):
+        yield
+
+
+@contextlib.contextmanager
+def _active(span: Span) -> Iterator[None]:
+    token = CURRENT.set(span)
+    bridge = _state.bridge
+    bridged = bridge.enter(span) if bridge is not None else None
     try:
         yield
     finally:
+        if bridge is not None:
+            bridge.exit(bridged)
         CURRENT.reset(token)
 
 
@@ -93,6 +104,9 @@ def inject(carrier: MutableMapping[str, str] | None = None) -> MutableMapping[st
     """Write ``traceparent`` (and ``tracestate``) for the active span into ``carrier``."""
     out: MutableMapping[str, str] = {} if carrier is None else carrier
     span = CURRENT.get()
+    bridge = _state.bridge
+    if bridge is not None:
+        span = bridge.parent(span)
     if span is None or span.trace_id == 0:
         return out
     flags = "01" if span.is_recording else "00"

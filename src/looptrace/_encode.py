@@ -195,7 +195,13 @@ class SpanEncoder:
     def encode(self, span: Span, flags: int) -> bytes:
         """``_otlp.encode_span(_serialize.to_wire(span, cfg), encoding)``, byte for byte;
         faster for the common span. Never raises (as ``to_wire`` never does)."""
-        if self.encoding == "protobuf" and span.end_ns and not span.events and not span.links:
+        if (
+            self.encoding == "protobuf"
+            and span.end_ns
+            and not span.events
+            and not span.links
+            and span.scope is None
+        ):
             try:
                 chunk = self._encode_pb(span, flags)
             except Exception:

@@ -173,7 +173,8 @@ def _deliver(
             if dest.encoding == "protobuf":
                 # The payloads' JSON goes out as orjson wrote it: no str, no joined copy.
                 payloads = _serialize.finish_payloads(wire, inputs, output, pol, max_span_bytes)
-                body = _otlp.request_pieces(_otlp.span_pieces(wire, payloads), dest.resource)
+                resource = _otlp.scoped(dest.resource, wire.scope)
+                body = _otlp.request_pieces(_otlp.span_pieces(wire, payloads), resource)
             else:
                 wire = _serialize.finish(wire, inputs, output, pol, max_span_bytes)
                 chunk = _otlp.encode_span(wire, dest.encoding)

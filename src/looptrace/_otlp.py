@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DecodeError",
     "Resource",
+    "ScopedChunk",
     "compress",
     "content_type",
     "decode_request",
@@ -49,6 +50,7 @@ __all__ = [
     "default_resource",
     "encode_request",
     "encode_span",
+    "scoped",
 ]
 
 EncodingName = Literal["protobuf", "json"]
@@ -620,17 +622,65 @@ def _scrub(obj: Any) -> Any:
     return obj
 
 
+class ScopedChunk(bytes):
+    """An encoded span that belongs under another instrumentation scope than looptrace's
+    (a span made through the OpenTelemetry API): :func:`encode_request` groups by it."""
+
+    scope: tuple[str, str]
+
+
 def encode_span(wire: WireSpan, encoding: str) -> bytes:
     """One span, encoded: the body of an OTLP ``Span`` message (protobuf, without the field
     tag that :func:`encode_request` adds) or one OTLP/JSON span object."""
-    if encoding == "json":
-        return _dumps(_span_json_obj(wire))
-    return _encode_span_pb(wire)
+    body = _dumps(_span_json_obj(wire)) if encoding == "json" else _encode_span_pb(wire)
+    if wire.scope is None:
+        return body
+    chunk = ScopedChunk(body)
+    chunk.scope = wire.scope
+    return chunk
+
+
+def scoped(resource: Resource, scope: tuple[str, str] | None) -> Resource:
+    """``resource`` with its instrumentation scope replaced by ``scope`` (None: as it is)."""
+    if scope is None:
+        return resource
+    key = (id(resource), scope)
+    hit = _scoped_resources.get(key)
+    if hit is None or hit[0] is not resource:
+        if len(_scoped_resources) >= 256:
+            _scoped_resources.clear()
+        hit = _scoped_resources[key] = (resource, Resource(resource.attributes, *scope))
+    return hit[1]
+
+
+# Keyed by the base resource's id, which the value keeps alive, so an id is never reused.
+_scoped_resources: dict[tuple[int, tuple[str, str]], tuple[Resource, Resource]] = {}
+_JSON_REQUEST_HEAD = b'{"resourceSpans":['
 
 
 def encode_request(chunks: Sequence[bytes], resource: Resource, encoding: str) -> bytes:
     """An ``ExportTraceServiceRequest`` holding ``chunks`` (from :func:`encode_span`, same
-    encoding) under one resource and scope. The chunks are spliced in, never re-encoded."""
+    encoding) under one resource and scope. The chunks are spliced in, never re-encoded.
+
+    Chunks of other scopes (:class:`ScopedChunk`) go under a resource-spans entry of their
+    own scope, with the same resource."""
+    if set(map(type, chunks)) - {bytes}:
+        groups: dict[tuple[str, str] | None, list[bytes]] = {}
+        for chunk in chunks:
+            groups.setdefault(getattr(chunk, "scope", None), []).append(chunk)
+        parts = [
+            _encode_one_scope(group, scoped(resource, scope), encoding)
+            for scope, group in groups.items()
+        ]
+        if encoding != "json":
+            # Repeated ``resource_spans`` fields: the requests concatenate.
+            return b"".join(parts)
+        cut = len(_JSON_REQUEST_HEAD)
+        return _JSON_REQUEST_HEAD + b",".join(p[cut:-2] for p in parts) + b"]}"
+    return _encode_one_scope(chunks, resource, encoding)
+
+
+def _encode_one_scope(chunks: Sequence[bytes], resource: Resource, encoding: str) -> bytes:
     if encoding == "json":
         return resource._json + b",".join(chunks) + b"]}]}]}"
     pieces: list[bytes] = [b"", b"", resource._pb_resource, b"", b"", resource._pb_scope]

@@ -610,7 +610,7 @@ class Pipeline:
         jobs = False
         start = size = 0
         for i, chunk in enumerate(chunks):
-            if chunk is None or type(chunk) is bytes:
+            if chunk is None or isinstance(chunk, bytes):
                 n = len(chunk) if chunk is not None else 0
                 if size and size + n > limit:
                     bounds.append((start, i))
@@ -632,7 +632,7 @@ class Pipeline:
         parts = []
         for start, end in bounds:
             piece = chunks[start:end]
-            if end - start == 1 and piece[0] is not None and type(piece[0]) is not bytes:
+            if end - start == 1 and piece[0] is not None and not isinstance(piece[0], bytes):
                 parts.append(_job_part(batch.lo + start, piece[0]))
                 continue
             kept = [c for c in piece if c is not None]

@@ -933,6 +933,7 @@ def _wire_for(
         span.trace_state,
         0,
         span.parent_is_remote,
+        span.scope,
     )
 
 

@@ -165,6 +165,9 @@ class Span:
     # True only on the local root of a distributed trace (see RemoteChildSpan); a class
     # attribute so ordinary spans pay nothing for it.
     parent_is_remote: bool = False
+    # The instrumentation scope (name, version) of a span made through another tracing API
+    # (see ScopedSpan); None puts the span under looptrace's own scope.
+    scope: tuple[str, str] | None = None
     # The decorated function this span came from (None for ``looptrace.span``): its static
     # attributes, code location and hooks are applied at export instead of on every call.
     site: CallSite | None
@@ -328,6 +331,32 @@ class RemoteChildSpan(Span):
 
     __slots__ = ()
     parent_is_remote = True
+
+
+class ScopedSpan(Span):
+    """A span made through the OpenTelemetry API (``looptrace.otel``): it is exported under
+    the instrumentation scope that made it, and may be the local root of a remote parent."""
+
+    __slots__ = ("parent_is_remote", "scope")
+
+    def __init__(
+        self,
+        name: str,
+        trace_id: int,
+        span_id: int,
+        parent_span_id: int,
+        start_ns: int,
+        attributes: dict[str, Any] | None,
+        trace_state: str,
+        kind: int,
+        scope: tuple[str, str] | None,
+        parent_is_remote: bool,
+    ) -> None:
+        Span.__init__(
+            self, name, trace_id, span_id, parent_span_id, start_ns, attributes, trace_state, kind
+        )
+        self.scope = scope
+        self.parent_is_remote = parent_is_remote
 
 
 class NonRecordingSpan(Span):

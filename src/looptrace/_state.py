@@ -55,6 +55,20 @@ def _start_pipeline() -> Sink:
     return _get_or_create()
 
 
+class ContextBridge(Protocol):
+    """Keeps looptrace's active span and another tracing API's in agreement (the
+    OpenTelemetry API, through ``looptrace.otel``). Installed only when asked for."""
+
+    def parent(self, current: Span | None) -> Span | None:
+        """The innermost active span: ``current`` (looptrace's) or the other API's."""
+
+    def enter(self, span: Span) -> object:
+        """``span`` became looptrace's active span: make it the other API's too."""
+
+    def exit(self, token: object) -> None:
+        """Undo :meth:`enter`."""
+
+
 STARTS_PIPELINE = StartsPipeline()
 sink: Sink = STARTS_PIPELINE
 config: Config | None = None
@@ -67,6 +81,10 @@ max_generator_items: int = 100
 # Traces are sampled when the low 64 bits of the trace id fall below this (as OpenTelemetry's
 # TraceIdRatioBased does), so a whole trace is kept or dropped, everywhere, consistently.
 sample_threshold: int = 1 << 64
+
+# The other tracing API whose context is kept in step with looptrace's (None: no bridge, and
+# the hot path pays one attribute test for it).
+bridge: ContextBridge | None = None
 
 # Called with every recording span at start / end (the lag monitor uses these). Tuples, so
 # iterating an empty one is all the hot path pays when nothing is installed.

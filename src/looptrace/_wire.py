@@ -63,6 +63,7 @@ class WireSpan:
         "name",
         "parent_is_remote",
         "parent_span_id",
+        "scope",
         "span_id",
         "start_ns",
         "status_code",
@@ -88,6 +89,7 @@ class WireSpan:
         trace_state: str = "",
         dropped_attributes: int = 0,
         parent_is_remote: bool = False,
+        scope: tuple[str, str] | None = None,
     ) -> None:
         self.trace_id = trace_id
         self.span_id = span_id
@@ -105,6 +107,8 @@ class WireSpan:
         self.dropped_attributes = dropped_attributes
         # The parent came from another process (``looptrace.extract``): OTLP span flags say so.
         self.parent_is_remote = parent_is_remote
+        # The instrumentation scope, when not looptrace's own (see _otlp.ScopedChunk).
+        self.scope = scope
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Positional, not copyreg's slot-by-slot state: a large span crosses to a worker as a
@@ -127,6 +131,7 @@ class WireSpan:
                 self.trace_state,
                 self.dropped_attributes,
                 self.parent_is_remote,
+                self.scope,
             ),
         )
 
