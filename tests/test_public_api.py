@@ -46,6 +46,7 @@ EXPECTED = {
     "flush_sync",
     "get_config",
     "inject",
+    "instrument_opentelemetry",
     "run_experiment",
     "shutdown",
     "shutdown_on_signal",
@@ -54,6 +55,7 @@ EXPECTED = {
     "statistics",
     "suppress_tracing",
     "traced",
+    "uninstrument_opentelemetry",
 }
 
 
@@ -89,7 +91,7 @@ def test_package_ships_type_information() -> None:
 
 def test_public_modules_import() -> None:
     """The public modules outside the top-level namespace import on their own."""
-    for module in ("looptrace.testing", "looptrace.monitor", "looptrace.evals"):
+    for module in ("looptrace.testing", "looptrace.monitor", "looptrace.evals", "looptrace.otel"):
         importlib.import_module(module)
 
 
@@ -118,15 +120,18 @@ def test_importing_the_package_loads_nothing_else() -> None:
         "print(' '.join(loaded))\n"
         "looptrace.traced\n"
         "print('looptrace._pipeline' in sys.modules)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    loaded, pipeline_loaded = out.stdout.split("\n")[:2]
+    loaded, pipeline_loaded, otel_loaded = out.stdout.split("\n")[:3]
     assert [m for m in loaded.split() if m.startswith("looptrace.")] == []
-    assert not {"asyncio", "httpx", "orjson"} & set(loaded.split())
+    assert not {"asyncio", "httpx", "orjson", "opentelemetry"} & set(loaded.split())
     # The capture API brings the export pipeline with it, so the first span (perhaps on the
     # user's loop) does not import it.
     assert pipeline_loaded == "True"
+    # The OpenTelemetry bridge is an optional extra: the capture API never imports it.
+    assert otel_loaded == "[]"
 
 
 def test_lazy_names_match_the_names_type_checkers_see() -> None:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ._span import Event, Link, NonRecordingSpan, Span, SpanContext, SpanKind, StatusCode
     from .evals import CaseResult, Experiment, ExperimentSummary, Score, experiment, run_experiment
     from .monitor import Culprit, LagMonitor, LagSnapshot
+    from .otel import instrument_opentelemetry, uninstrument_opentelemetry
 
 __version__ = "0.1.0"
 
@@ -80,12 +81,14 @@ _ORIGIN = {
     "Culprit": "monitor",
     "LagMonitor": "monitor",
     "LagSnapshot": "monitor",
+    "instrument_opentelemetry": "otel",
+    "uninstrument_opentelemetry": "otel",
 }
 
 
 # Public modules: ``looptrace.monitor.LagMonitor`` works after a plain ``import looptrace``,
 # loading the module on first use like every other name here.
-_SUBMODULES = frozenset(("evals", "monitor", "testing"))
+_SUBMODULES = frozenset(("evals", "monitor", "otel", "testing"))
 
 
 def __getattr__(name: str) -> Any:
@@ -136,6 +139,7 @@ __all__ = [
     "flush_sync",
     "get_config",
     "inject",
+    "instrument_opentelemetry",
     "run_experiment",
     "shutdown",
     "shutdown_on_signal",
@@ -144,4 +148,5 @@ __all__ = [
     "statistics",
     "suppress_tracing",
     "traced",
+    "uninstrument_opentelemetry",
 ]
