@@ -18,7 +18,7 @@ from looptrace import _otlp, _serialize
 from looptrace._config import Config
 from looptrace._encode import CLEAN, HOOKED, OFFLOAD, SpanEncoder
 from looptrace._serialize import REDACTED, to_wire
-from looptrace._span import UNSET, CallSite, RemoteChildSpan, Span
+from looptrace._span import UNSET, CallSite, RemoteChildSpan, ScopedSpan, Span
 from looptrace.testing import capture_spans
 
 CFG = Config()
@@ -46,6 +46,16 @@ def decoded(chunk: bytes) -> dict[str, Any]:
 
 
 def make_span(**fields: Any) -> Span:
+    scope = fields.pop("scope", None)
+    if scope is not None:
+        remote = fields.pop("remote", False)
+        span: Span = ScopedSpan(
+            "step", 0x1234, 0x42, fields.pop("parent", 0), 1_000, None, "", 1, scope, remote
+        )
+        span.end_ns = 5_000
+        for name, value in fields.items():
+            setattr(span, name, value)
+        return span
     cls = RemoteChildSpan if fields.pop("remote", False) else Span
     span = cls("step", 0x1234, 0x42, fields.pop("parent", 0), 1_000)
     span.end_ns = 5_000
@@ -81,6 +91,8 @@ SITE = CallSite(
         {"remote": True, "parent": 7},
         {"inputs": {"a": "x" * 300_000}, "output": {"b": "y" * 300_000}},
         {"inputs": {"rows": [{"id": i} for i in range(400)]}},
+        {"scope": ("opentelemetry.instrumentation.httpx", "0.5"), "attributes": {"k": "v"}},
+        {"scope": ("lib", ""), "remote": True, "parent": 9},
     ],
     ids=lambda f: ",".join(f) or "bare",
 )
@@ -90,6 +102,9 @@ def test_direct_route_gives_the_general_bytes(fields: dict[str, Any]) -> None:
     per-span cap), the direct route writes exactly what to_wire + encode_span writes."""
     span = make_span(**dict(fields))
     assert direct(span) == general(span)
+    # A span of another instrumentation scope says so, by either route.
+    assert getattr(direct(span), "scope", None) == getattr(general(span), "scope", None)
+    assert getattr(direct(span), "scope", None) == fields.get("scope")
     # ...and it did write them itself, except where a span overrides its decorator's attribute.
     written = SpanEncoder(CFG)._encode_pb(span, plan(span))
     overrides = span.attributes is not None and "model" in span.attributes

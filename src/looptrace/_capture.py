@@ -128,6 +128,11 @@ def start_scoped_span(
     return span
 
 
+def start_root(name: str, attributes: dict[str, Any] | None = None) -> Span:
+    """A span that starts a new trace, whatever span is active (in either API)."""
+    return start_scoped_span(name, attributes, None, SpanKind.INTERNAL, None)
+
+
 def _activate(span: Span) -> tuple[Any, Any, Any]:
     """Make ``span`` the active span (in the bridged API's context too, when there is one)."""
     bridge = _state.bridge

@@ -195,18 +195,15 @@ class SpanEncoder:
     def encode(self, span: Span, flags: int) -> bytes:
         """``_otlp.encode_span(_serialize.to_wire(span, cfg), encoding)``, byte for byte;
         faster for the common span. Never raises (as ``to_wire`` never does)."""
-        if (
-            self.encoding == "protobuf"
-            and span.end_ns
-            and not span.events
-            and not span.links
-            and span.scope is None
-        ):
+        if self.encoding == "protobuf" and span.end_ns and not span.events and not span.links:
             try:
                 chunk = self._encode_pb(span, flags)
             except Exception:
                 chunk = None  # the general route reports what went wrong, as it always does
             if chunk is not None:
+                if span.scope is not None:  # made through the OpenTelemetry API
+                    chunk = _otlp.ScopedChunk(chunk)
+                    chunk.scope = span.scope
                 return chunk
         return _otlp.encode_span(_serialize.to_wire(span, self.cfg), self.encoding)
 

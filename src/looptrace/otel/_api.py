@@ -10,204 +10,28 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping
-from types import MappingProxyType, TracebackType
+from collections.abc import Callable
+from types import TracebackType
 from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import INVALID_SPAN as OTEL_INVALID_SPAN
-from opentelemetry.trace import SpanContext as OTelSpanContext
-from opentelemetry.trace import Status
-from opentelemetry.trace import StatusCode as OTelStatusCode
 from opentelemetry.util import types
 
-from .. import _capture, _clock, _state
+from .. import _capture, _state
 from .._context import CURRENT
 from .._errors import internal_error
-from .._semconv import EXCEPTION_EVENT
-from .._span import Event, SpanContext, StatusCode
 from .._span import Span as LoopSpan
 from . import _bridge
+from ._span import KINDS, OTelSpan, from_otel, record_escape, to_looptrace_context, to_otel
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_ESCAPED = "exception.escaped"
-_SAMPLED = _bridge._SAMPLED
-
-
-class OTelSpan(otel_trace.Span):
-    """An OpenTelemetry API span that is a looptrace span underneath.
-
-    Every call is honoured as the OpenTelemetry SDK honours it: attributes, events, links,
-    status (``OK`` is final, ``UNSET`` changes nothing), exceptions, ``update_name`` and
-    ``end(end_time)``; after ``end`` the span ignores changes."""
-
-    __slots__ = ("_context", "_record_exception", "_set_status_on_exception", "looptrace_span")
-
-    def __init__(
-        self,
-        span: LoopSpan,
-        record_exception: bool = True,
-        set_status_on_exception: bool = True,
-    ) -> None:
-        self.looptrace_span = span
-        self._context: OTelSpanContext | None = None
-        self._record_exception = record_exception
-        self._set_status_on_exception = set_status_on_exception
-
-    def __repr__(self) -> str:
-        return f"<looptrace OTelSpan {self.looptrace_span!r}>"
-
-    def __eq__(self, other: object) -> bool:
-        # Two views of one looptrace span (one per activation) are the same span.
-        if type(other) is OTelSpan:
-            return other.looptrace_span is self.looptrace_span
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self.looptrace_span)
-
-    def get_span_context(self) -> OTelSpanContext:
-        ctx = self._context
-        if ctx is None:
-            s = self.looptrace_span
-            ctx = self._context = OTelSpanContext(
-                s.trace_id, s.span_id, False, _SAMPLED, _bridge.otel_trace_state(s.trace_state)
-            )
-        return ctx
-
-    def is_recording(self) -> bool:
-        return not self.looptrace_span.end_ns
-
-    # Read by instrumentation packages as they read the SDK's span (the ASGI middleware
-    # checks ``kind``, for one).
-    @property
-    def kind(self) -> otel_trace.SpanKind:
-        return _API_KINDS.get(self.looptrace_span.kind, otel_trace.SpanKind.INTERNAL)
-
-    @property
-    def name(self) -> str:
-        return self.looptrace_span.name
-
-    @property
-    def attributes(self) -> Mapping[str, Any]:
-        return types_proxy(self.looptrace_span.attributes)
-
-    @property
-    def start_time(self) -> int:
-        return self.looptrace_span.start_ns
-
-    @property
-    def end_time(self) -> int | None:
-        return self.looptrace_span.end_ns or None
-
-    def end(self, end_time: int | None = None) -> None:
-        self.looptrace_span.end(end_time)
-
-    def set_attribute(self, key: str, value: types.AnyValue) -> None:
-        self.looptrace_span.set_attribute(key, value)
-
-    def set_attributes(self, attributes: Mapping[str, types.AnyValue]) -> None:
-        self.looptrace_span.set_attributes(attributes)
-
-    def add_event(
-        self,
-        name: str,
-        attributes: types.Attributes = None,
-        timestamp: int | None = None,
-    ) -> None:
-        self.looptrace_span.add_event(name, attributes, timestamp)
-
-    def add_link(self, context: OTelSpanContext, attributes: types.Attributes = None) -> None:
-        if not context.is_valid and not attributes:
-            return  # as the SDK: an empty link says nothing
-        self.looptrace_span.add_link(to_looptrace_context(context), attributes)
-
-    def update_name(self, name: str) -> None:
-        s = self.looptrace_span
-        if not s.end_ns:
-            s.name = name
-
-    def set_status(self, status: Status | OTelStatusCode, description: str | None = None) -> None:
-        s = self.looptrace_span
-        if s.end_ns or s.status_code == StatusCode.OK:
-            return
-        if isinstance(status, Status):
-            code, description = status.status_code, status.description
-        else:
-            code = status
-        if code is OTelStatusCode.UNSET:
-            return
-        s.set_status(int(code.value), description or "")
-
-    def record_exception(
-        self,
-        exception: BaseException,
-        attributes: types.Attributes = None,
-        timestamp: int | None = None,
-        escaped: bool = False,
-    ) -> None:
-        s = self.looptrace_span
-        if s.end_ns:
-            return
-        attrs = dict(attributes) if attributes else {}
-        if escaped:
-            attrs[_ESCAPED] = True
-        event = Event(
-            EXCEPTION_EVENT,
-            _clock.now_ns() if timestamp is None else timestamp,
-            attrs or None,
-            exception,
-            exception.__traceback__,
-        )
-        if s.events is None:
-            s.events = [event]
-        else:
-            s.events.append(event)
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> None:
-        # ``with tracer.start_span(...) as span:`` records what escapes, as the SDK's span does.
-        if exc_val is not None:
-            _record_escape(self, exc_val, self._record_exception, self._set_status_on_exception)
-        self.end()
-
-
-def _record_escape(span: OTelSpan, exc: BaseException, record: bool, set_status: bool) -> None:
-    s = span.looptrace_span
-    if s.end_ns:
-        return
-    if record and set_status and s.status_code != StatusCode.OK:
-        s.fail(exc)  # looptrace's wording, and a cancellation is marked as one
-        return
-    if record:
-        span.record_exception(exc, escaped=True)
-    if set_status:
-        span.set_status(Status(OTelStatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-
-
-def to_looptrace_context(ctx: OTelSpanContext) -> SpanContext:
-    return SpanContext(
-        ctx.trace_id,
-        ctx.span_id,
-        ctx.trace_flags.sampled,
-        _bridge.trace_state_of(ctx.trace_state),
-        ctx.is_remote,
-    )
-
-
-_KINDS = {kind: kind.value + 1 for kind in otel_trace.SpanKind}  # the API counts from 0, OTLP 1
-_API_KINDS = {number: kind for kind, number in _KINDS.items()}
-_EMPTY: Mapping[str, Any] = MappingProxyType({})
-
-
-def types_proxy(attributes: dict[str, Any] | None) -> Mapping[str, Any]:
-    return _EMPTY if attributes is None else MappingProxyType(attributes)
+_INTERNAL = otel_trace.SpanKind.INTERNAL
+_attach = otel_context.attach
+_set_value = otel_context.set_value
+_SPAN_KEY = _bridge.SPAN_KEY
 
 
 class Tracer(otel_trace.Tracer):
@@ -265,17 +89,17 @@ class Tracer(otel_trace.Tracer):
             if bridge is not None:
                 parent = bridge.parent(parent)
         else:
-            parent = _bridge.from_otel(otel_trace.get_current_span(context))
+            parent = from_otel(otel_trace.get_current_span(context))
         s = _capture.start_scoped_span(
             name,
             dict(attributes) if attributes else None,
             parent,
-            _KINDS.get(kind, 1),
+            1 if kind is _INTERNAL else KINDS.get(kind, 1),  # an enum's hash is Python code
             self.scope,
             start_time,
         )
         if not s.is_recording:
-            return s, _bridge.to_otel(s)
+            return s, to_otel(s)
         if links:
             for link in links:
                 if link.context.is_valid or link.attributes:
@@ -328,7 +152,7 @@ class CurrentSpan:
         try:
             loop_span, span = self._tracer._start(*self._args)
             token = CURRENT.set(loop_span) if loop_span is not None else None
-            self._tokens = (token, otel_context.attach(otel_trace.set_span_in_context(span)))
+            self._tokens = (token, _attach(_set_value(_SPAN_KEY, span)))
         except Exception as exc:
             internal_error("otel.start_as_current_span", exc)
             return OTEL_INVALID_SPAN
@@ -355,7 +179,7 @@ class CurrentSpan:
             if exc is not None and type(span) is OTelSpan:
                 record, set_status = self._args[6], self._args[7]
                 if record or set_status:
-                    _record_escape(span, exc, record, set_status)
+                    record_escape(span, exc, record, set_status)
             if self._end_on_exit:
                 span.end()
         except Exception as error:

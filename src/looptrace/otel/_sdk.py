@@ -18,6 +18,7 @@ from .. import _state
 from .._errors import internal_error
 from .._span import Event, Link, ScopedSpan, SpanContext
 from . import _bridge
+from ._span import trace_state_of
 
 if TYPE_CHECKING:
     from .._span import Span
@@ -75,7 +76,7 @@ def from_readable(span: ReadableSpan) -> Span:
         parent.span_id if parent is not None else 0,
         span.start_time or 0,
         dict(span.attributes) if span.attributes else None,
-        _bridge.trace_state_of(ctx.trace_state),
+        trace_state_of(ctx.trace_state),
         span.kind.value + 1,  # the API counts kinds from 0, OTLP from 1
         (scope.name, scope.version or "") if scope is not None else None,
         parent is not None and parent.is_remote,
@@ -92,7 +93,7 @@ def from_readable(span: ReadableSpan) -> Span:
                     link.context.trace_id,
                     link.context.span_id,
                     link.context.trace_flags.sampled,
-                    _bridge.trace_state_of(link.context.trace_state),
+                    trace_state_of(link.context.trace_state),
                     link.context.is_remote,
                 ),
                 dict(link.attributes) if link.attributes else None,
