@@ -350,3 +350,43 @@ async def test_the_sdk_span_processor_hands_spans_to_looptrace(server: OtlpTestS
     assert [e.name for e in inner.span.events] == ["e"]
     assert (inner.span.status.code, inner.span.status.message) == (2, "nope")
     assert spans["work"].scope == ("looptrace", looptrace.__version__)
+
+
+def test_a_scoped_span_starts_exactly_as_a_span_does() -> None:
+    """ScopedSpan writes out Span's constructor for speed: every field must match it."""
+    from looptrace._span import ScopedSpan, Span
+
+    args = ("n", 1, 2, 3, 4, {"a": 1}, "k=v", 2)
+    plain, scoped = Span(*args), ScopedSpan(*args, ("scope", "1"), True)
+    fields = [f for f in Span.__slots__ if f != "__weakref__"]
+    assert {f: getattr(scoped, f) for f in fields} == {f: getattr(plain, f) for f in fields}
+    assert (scoped.scope, scoped.parent_is_remote, plain.scope) == (("scope", "1"), True, None)
+
+
+async def test_an_experiment_inside_an_opentelemetry_span_still_traces_each_case_alone(
+    server: OtlpTestServer,
+) -> None:
+    """Experiments and cases start traces of their own whatever span is active, in either
+    API; a span made through the OpenTelemetry API inside a case is the case's child."""
+    install_pipeline(server, retry=FAST_RETRY)
+    t = tracer()
+
+    async def task(x: int) -> int:
+        with t.start_as_current_span(f"model call {x}"):
+            return x * 2
+
+    with t.start_as_current_span("outer job") as outer:
+        async with looptrace.experiment("doubling") as exp:
+            await exp.run(task, [{"input": 1, "expected": 2}], scorers=[])
+    assert exp.results[0].output == 2
+    assert (await looptrace.flush(5)).ok
+    spans = by_name(server)
+    outer_trace = outer.get_span_context().trace_id
+    (case,) = [s for s in spans.values() if s.attributes.get("looptrace.span.type") == "case"]
+    assert case.trace_id != outer_trace and case.parent_id == 0
+    call = spans["model call 1"]
+    assert (call.trace_id, call.parent_id) == (case.trace_id, case.span_id)
+    (experiment,) = [
+        s for s in spans.values() if s.attributes.get("looptrace.span.type") == "experiment"
+    ]
+    assert experiment.trace_id != outer_trace

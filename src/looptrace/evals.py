@@ -57,7 +57,7 @@ import anyio
 import anyio.to_thread
 
 from . import _clock, _pipeline, _semconv, _state
-from ._capture import start_span
+from ._capture import start_root
 from ._context import CURRENT
 from ._errors import LoopTraceError, internal_error
 from ._span import NonRecordingSpan, Span, StatusCode, _describe, _is_cancellation
@@ -749,11 +749,7 @@ def _new_root(name: str, attributes: dict[str, Any]) -> Span:
     """A span that starts a new trace whatever span is active."""
     if _state.disabled:
         return NonRecordingSpan(_clock.new_trace_id(), _clock.new_span_id())
-    token = CURRENT.set(None)
-    try:
-        return start_span(name, attributes, None)
-    finally:
-        CURRENT.reset(token)
+    return start_root(name, attributes)
 
 
 def _counters() -> tuple[int, int]:

@@ -186,16 +186,11 @@ class _Plugin:
 def _new_root(name: str, attributes: dict[str, Any]) -> Span:
     """A span that starts a new trace whatever is active (nothing recorded while disabled)."""
     from looptrace import _capture, _state
-    from looptrace._context import CURRENT
     from looptrace._span import NonRecordingSpan
 
     if _state.disabled:
         return NonRecordingSpan()
-    token = CURRENT.set(None)
-    try:
-        return _capture.start_span(name, attributes)
-    finally:
-        CURRENT.reset(token)
+    return _capture.start_root(name, attributes)
 
 
 _PLUGIN = pytest.StashKey[_Plugin]()
