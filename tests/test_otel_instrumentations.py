@@ -278,3 +278,35 @@ async def test_the_local_store_own_queries_are_never_traced(tmp_path: Path) -> N
     finally:
         store.close()
     assert names == ["work 0", "work 1", "work 2"]
+
+
+def test_the_documented_example_runs_as_shown(tmp_path: Path) -> None:
+    """docs/opentelemetry.md's example, run as a script: it prints 40 and stores one trace of
+    the five spans its `looptrace show` output lists, nested as shown."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    text = (Path(__file__).parent.parent / "docs" / "opentelemetry.md").read_text()
+    match = re.search(r"```python\n(import sqlite3\n.*?)```", text, re.S)
+    assert match is not None, "the example is missing from docs/opentelemetry.md"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOPTRACE_", "OTEL_"))}
+    env["LOOPTRACE_STORE"] = str(tmp_path / "store.db")
+    done = subprocess.run(
+        [sys.executable, "-c", match.group(1)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "40\n"
+    store = Store(tmp_path / "store.db")
+    try:
+        (summary,) = store.list_traces()
+        rows = store.get_trace(summary["trace_id"])
+    finally:
+        store.close()
+    spans = {s["name"]: s for s in rows}
+    assert sorted(spans) == ["CREATE", "INSERT", "SELECT", "audit", "restock"]
+    root = spans["restock"]["span_id"]
+    assert [spans[n]["parent_span_id"] for n in ("CREATE", "INSERT", "audit")] == [root] * 3
+    assert spans["SELECT"]["parent_span_id"] == spans["audit"]["span_id"]
+    assert spans["audit"]["scope_name"] == "inventory"
