@@ -330,6 +330,15 @@ def test_json_api_shapes(store_path: Path) -> None:
         lag = httpx.get(f"{url}/api/lag").json()
         missing = httpx.get(f"{url}/api/traces/{'0' * 32}")
         bad = httpx.get(f"{url}/api/traces", params={"limit": "many"})
+        bad_duration = httpx.get(f"{url}/api/traces", params={"min_duration_ms": "-1"})
+        services = httpx.get(f"{url}/api/services").json()
+        recent = httpx.get(f"{url}/api/traces", params={"range": "3600"}).json()
+        ancient = httpx.get(f"{url}/api/traces", params={"until": "1"}).json()
+    assert services == {"services": ["svc"]}
+    assert {t["trace_id"] for t in recent["traces"]} == {f"{0x11:032x}"}
+    assert ancient["traces"] == []
+    assert bad_duration.status_code == 400
+    assert "min_duration_ms" in bad_duration.json()["error"]
     assert [t["trace_id"] for t in traces["traces"]] == [f"{0x11:032x}"]
     assert traces["traces"][0]["span_count"] == 2
     assert trace["trace"]["name"] == "case 0"

@@ -503,3 +503,25 @@ def test_store_transport_reopens_after_fork(
     assert parent_store.list_traces()[0]["trace_id"] == f"{1:032x}"
     child_store.close()
     parent_store.close()
+
+
+def test_trace_list_filters_by_service_duration_and_start(tmp_path: Path) -> None:
+    """The filters the viewer's trace list offers, each answered by the store."""
+    ms = 10**6
+    spans = [
+        decoded_span(1, 1, None, "quick", 1_000 * ms, 1_002 * ms, resource={"service.name": "api"}),
+        decoded_span(2, 1, None, "slow", 2_000 * ms, 2_500 * ms, resource={"service.name": "api"}),
+        decoded_span(3, 1, None, "other", 3_000 * ms, 3_900 * ms, resource={"service.name": "job"}),
+        decoded_span(4, 1, None, "running", 4_000 * ms, 0, resource={"service.name": "job"}),
+    ]
+    with Store(tmp_path / "s.db") as store:
+        store.write(spans)
+
+        def names(**filters: Any) -> list[str]:
+            return sorted(t["name"] for t in store.list_traces(**filters))
+
+        assert store.services() == ["api", "job"]
+        assert names(service="api") == ["quick", "slow"]
+        assert names(min_duration_ns=400 * ms) == ["other", "slow"]  # never a running trace
+        assert names(since_ns=2_000 * ms, until_ns=3_000 * ms) == ["other", "slow"]
+        assert names(service="job", min_duration_ns=0) == ["other"]

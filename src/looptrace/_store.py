@@ -110,6 +110,7 @@ CREATE TABLE IF NOT EXISTS traces (
     bytes INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS traces_by_start ON traces (start_ns);
+CREATE INDEX IF NOT EXISTS traces_by_service ON traces (service_name, start_ns);
 CREATE INDEX IF NOT EXISTS traces_by_experiment ON traces (experiment_id, start_ns)
     WHERE experiment_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS experiments (
@@ -599,13 +600,32 @@ class Store:
         status: str | None = None,
         experiment: str | None = None,
         include_lag: bool = False,
+        *,
+        service: str | None = None,
+        min_duration_ns: int | None = None,
+        since_ns: int | None = None,
+        until_ns: int | None = None,
     ) -> list[dict[str, Any]]:
         """Trace summaries, newest first. ``name`` matches a substring of the root's name;
         ``status`` is ``ok`` (no span failed), ``error`` (the root or any span failed) or
-        ``in_progress``. The lag monitor's summary traces (``looptrace.loop.lag``) are left
-        out unless ``include_lag``: ``lag_summaries`` is their view."""
+        ``in_progress``; ``service`` is the root's service, exactly; ``min_duration_ns`` keeps
+        finished traces at least that long; ``since_ns``/``until_ns`` bound the start time.
+        The lag monitor's summary traces (``looptrace.loop.lag``) are left out unless
+        ``include_lag``: ``lag_summaries`` is their view."""
         where: list[str] = []
         params: list[Any] = []
+        if service:
+            where.append("service_name = ?")
+            params.append(service)
+        if min_duration_ns is not None:
+            where.append("in_progress = 0 AND end_ns - start_ns >= ?")
+            params.append(min_duration_ns)
+        if since_ns is not None:
+            where.append("start_ns >= ?")
+            params.append(since_ns)
+        if until_ns is not None:
+            where.append("start_ns <= ?")
+            params.append(until_ns)
         if not include_lag:
             where.append("name != ?")
             params.append(LAG_SPAN_NAME)
@@ -632,6 +652,15 @@ class Store:
         sql += " ORDER BY start_ns DESC LIMIT ? OFFSET ?"
         with self._reader() as conn:
             return [_trace_dict(r) for r in conn.execute(sql, (*params, limit, offset))]
+
+    def services(self) -> list[str]:
+        """The services that have traces, by name (what the trace list's filter offers)."""
+        with self._reader() as conn:
+            rows = conn.execute(
+                "SELECT DISTINCT service_name FROM traces WHERE service_name IS NOT NULL "
+                "ORDER BY service_name LIMIT 1000"
+            )
+            return [r[0] for r in rows]
 
     def get_trace_summary(self, trace_id: str) -> dict[str, Any] | None:
         """The summary row of one trace, or None."""

@@ -13,10 +13,13 @@ store at ``request.app.state.store``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hmac
+import math
 import os
 import sqlite3
 import threading
+import time
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from pathlib import Path
@@ -287,16 +290,48 @@ async def _api_traces(request: Request) -> Response:
     if status not in (None, "ok", "error", "unset", "in_progress"):
         raise _BadRequest("status must be ok, error, unset or in_progress")
     include_lag = request.query_params.get("include_lag", "") in ("1", "true")
+    min_ms = _float_param(request, "min_duration_ms")
+    # ``range``: seconds back from now, what the list's time-range menu sends; since/until
+    # are absolute bounds in nanoseconds.
+    seconds_back = _float_param(request, "range")
+    since = _int_param(request, "since", -1, -1, 2**63 - 1)
+    until = _int_param(request, "until", -1, -1, 2**63 - 1)
+    if seconds_back is not None:
+        since = max(since, time.time_ns() - int(seconds_back * 1e9))
     traces = await _in_thread(
-        store.list_traces,
-        limit,
-        offset,
-        request.query_params.get("name") or None,
-        status,
-        request.query_params.get("experiment") or None,
-        include_lag,
+        functools.partial(
+            store.list_traces,
+            limit,
+            offset,
+            request.query_params.get("name") or None,
+            status,
+            request.query_params.get("experiment") or None,
+            include_lag,
+            service=request.query_params.get("service") or None,
+            min_duration_ns=None if min_ms is None else int(min_ms * 1e6),
+            since_ns=None if since < 0 else since,
+            until_ns=None if until < 0 else until,
+        )
     )
     return JSONResponse({"traces": traces, "limit": limit, "offset": offset})
+
+
+def _float_param(request: Request, name: str) -> float | None:
+    raw = request.query_params.get(name)
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise _BadRequest(f"{name} must be a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise _BadRequest(f"{name} must be a number of 0 or more")
+    return value
+
+
+async def _api_services(request: Request) -> Response:
+    store: Store = request.app.state.store
+    return JSONResponse({"services": await _in_thread(store.services)})
 
 
 async def _api_trace(request: Request) -> Response:
@@ -382,6 +417,7 @@ def api_routes() -> list[BaseRoute]:
         Route("/api/traces", _api(_api_traces), methods=["GET"]),
         Route("/api/traces/{trace_id}", _api(_api_trace), methods=["GET"]),
         Route("/api/traces/{trace_id}/spans/{span_id}", _api(_api_span), methods=["GET"]),
+        Route("/api/services", _api(_api_services), methods=["GET"]),
         Route("/api/experiments", _api(_api_experiments), methods=["GET"]),
         Route("/api/experiments/{experiment_id}", _api(_api_experiment), methods=["GET"]),
         Route("/api/lag", _api(_api_lag), methods=["GET"]),
