@@ -111,6 +111,30 @@ def _extra_spans() -> list[DecodedSpan]:
     ]
 
 
+BIG_TRACE = f"{0xA3:032x}"
+BIG_BATCHES = 100
+BIG_ITEMS = 99  # per batch: 1 + 100 + 9,900 = 10,001 spans
+
+
+def _big_trace() -> list[DecodedSpan]:
+    """A fan-out of 10,001 spans: a root, 100 batches, 99 items each; one item carries a
+    needle for the search test."""
+    start = _OLD - 600 * 10**9
+    spans = [_span(0xA3, 1, None, "fan-out", start, start + 10**9)]
+    for b in range(BIG_BATCHES):
+        batch_id = 2 + b
+        b0 = start + b * 10**7
+        spans.append(_span(0xA3, batch_id, 1, f"batch {b}", b0, b0 + 9 * 10**6))
+        for i in range(BIG_ITEMS):
+            attrs = {"needle": "golden-haystack"} if (b, i) == (57, 42) else {}
+            item_id = 1000 + b * 1000 + i
+            t = b0 + i * 90_000
+            spans.append(
+                _span(0xA3, item_id, batch_id, f"item {b}.{i}", t, t + 80_000, attributes=attrs)
+            )
+    return spans
+
+
 def _run_demo(store: Path, cases: int) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPTRACE_")}
     subprocess.run(
@@ -140,6 +164,7 @@ def store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _run_demo(path, 8)
     with Store(path) as store:
         store.write(_extra_spans())
+        store.write(_big_trace())
     return path
 
 
@@ -342,7 +367,7 @@ def test_a_trace_past_the_read_cap_says_it_was_cut(
             _open(tab, f"/traces/{trace['trace_id']}")
             assert tab.locator(".wf-row").count() == 3
             banner = tab.locator("#truncated").inner_text()
-            assert f"first 3 of {trace['span_count']} spans" in banner
+            assert f"first 3 of {trace['span_count']:,} spans" in banner
         finally:
             context.close()
 
@@ -678,3 +703,92 @@ def test_the_span_panel_rounds_numbers_shows_stacks_as_lines_and_says_ok(
             assert "ok (status unset)" in text
         finally:
             context.close()
+
+
+@browser_test
+@needs_chromium
+def test_a_subtree_folds_and_unfolds(page: Any, store: Store) -> None:
+    """The fold toggle hides a span's descendants and brings them back."""
+    case = _demo_case(store, error=False)
+    spans = store.get_trace(case["trace_id"])
+    _open(page, f"/traces/{case['trace_id']}")
+    rows = page.locator(".wf-row")
+    assert rows.count() == len(spans)
+    root = rows.nth(0)
+    root.locator("button.fold").click()
+    assert rows.count() == 1
+    assert root.locator("button.fold").get_attribute("aria-expanded") == "false"
+    root.locator("button.fold").click()
+    assert rows.count() == len(spans)
+
+
+@browser_test
+@needs_chromium
+def test_a_10000_span_trace_opens_folded_with_a_minimap_and_search_finds_a_deep_span(
+    page: Any, tmp_path: Path
+) -> None:
+    """A trace of 10,001 spans opens with only the root's children drawn, a minimap of all of
+    them, and a search that finds, counts, reveals and selects a span three levels down."""
+    _open(page, f"/traces/{BIG_TRACE}")
+    assert page.locator(".wf-row").count() == 1 + BIG_BATCHES
+    assert page.locator("#minimap").evaluate("c => c.width") > 100
+    page.fill("#trace-search", "golden-haystack")
+    page.press("#trace-search", "Enter")
+    page.wait_for_selector(".wf-row.selected >> text=item 57.42")
+    assert page.locator("#search-count").inner_text() == "1 of 1"
+    assert page.locator(".wf-row.match").count() == 1
+    # Its batch opened to show it; the other 99 batches stay folded.
+    assert page.locator(".wf-row").count() == 1 + BIG_BATCHES + BIG_ITEMS
+    page.locator("#span-panel h2", has_text="item 57.42").wait_for()
+    _shot(page, "trace-large", tmp_path)
+
+    # The keyboard: from the root, down to batch 0, open it, into its first item, back up to
+    # the batch, and fold it again.
+    page.locator(".wf-row[data-index='0']").click()
+    page.wait_for_selector(".wf-row.selected[data-index='0']")
+    page.locator("#wf-rows").focus()
+    shown = page.locator(".wf-row").count()
+    page.keyboard.press("ArrowDown")
+    page.wait_for_selector(".wf-row.selected >> text=batch 0")
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function(f"document.querySelectorAll('.wf-row').length === {shown + BIG_ITEMS}")
+    page.keyboard.press("ArrowRight")
+    page.wait_for_selector(".wf-row.selected >> text=item 0.0")
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_selector(".wf-row.selected >> text=batch 0")
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_function(f"document.querySelectorAll('.wf-row').length === {shown}")
+    page.click("#unfold-all")
+    page.wait_for_function("document.querySelectorAll('.wf-row').length === 10001")
+    page.fill("#trace-search", "no such thing")
+    page.press("#trace-search", "Enter")
+    assert page.locator("#search-count").inner_text() == "no match"
+
+
+@browser_test
+@needs_chromium
+def test_the_trace_list_filters_by_service_duration_and_time(page: Any, store: Store) -> None:
+    """Service, minimum duration and time range narrow the list (the filters go in the
+    address, so the filtered list can be shared); the list agrees with the store."""
+    _open(page, "/")
+    page.select_option("select[name=service]", "viewer-test")
+    page.click("form.filters button[type=submit]")
+    page.wait_for_url(re.compile(r"service=viewer-test"))
+    page.wait_for_selector("body[data-ready='1']")
+    ids = set(
+        page.locator("tr[data-trace-id]").evaluate_all("rs => rs.map(r => r.dataset.traceId)")
+    )
+    assert ids == {t["trace_id"] for t in store.list_traces(service="viewer-test")}
+    assert ids == {XSS_TRACE, OPEN_TRACE, BIG_TRACE}
+
+    _open(page, "/?service=viewer-test&min_duration_ms=100")
+    ids = set(
+        page.locator("tr[data-trace-id]").evaluate_all("rs => rs.map(r => r.dataset.traceId)")
+    )
+    assert ids == {BIG_TRACE}  # a second long; the others last milliseconds or are running
+
+    _open(page, "/?range=900")
+    listed = page.locator("tr[data-trace-id]").count()
+    recent = store.list_traces(limit=51, since_ns=time.time_ns() - 900 * 10**9)
+    assert listed == min(len(recent), 50) > 0
+    assert page.locator(f"tr[data-trace-id='{BIG_TRACE}']").count() == 0

@@ -8,6 +8,7 @@
 const LAG_MARK_MS = 10; // a span whose loop lag exceeded this gets a marker in the waterfall
 const COLLAPSE_CHARS = 2048; // JSON longer than this starts collapsed
 const PAGE_SIZE = 50;
+const FOLD_ABOVE = 500; // a trace with more spans opens folded below its roots' children
 const SVG_NS = "http://www.w3.org/2000/svg";
 
 // ---------------------------------------------------------------------------------------------
@@ -120,25 +121,32 @@ function link(href, text) {
 // ---------------------------------------------------------------------------------------------
 // Traces: the list
 
+const TRACE_FILTERS = ["name", "service", "status", "min_duration_ms", "range", "experiment"];
+const TIME_RANGES = [["900", "last 15 minutes"], ["3600", "last hour"], ["86400", "last 24 hours"], ["604800", "last 7 days"]];
+
 async function tracesPage() {
   const q = query();
   const offset = Math.max(0, parseInt(q.get("offset") || "0", 10) || 0);
   const params = new URLSearchParams({ limit: String(PAGE_SIZE + 1), offset: String(offset) });
-  for (const key of ["name", "status", "experiment"]) if (q.get(key)) params.set(key, q.get(key));
-  const data = await api(`/api/traces?${params}`);
+  for (const key of TRACE_FILTERS) if (q.get(key)) params.set(key, q.get(key));
+  const [data, services] = await Promise.all([api(`/api/traces?${params}`), api("/api/services")]);
   const traces = data.traces.slice(0, PAGE_SIZE);
   const more = data.traces.length > PAGE_SIZE;
 
   // A GET form: submitting puts the filters in the address, so a filtered list can be shared.
-  const status = el("select", { name: "status" },
-    ["", "ok", "error", "unset", "in_progress"].map((s) =>
-      el("option", { value: s, selected: q.get("status") === s }, s || "any status")));
+  const select = (name, options, any) => el("select", { name },
+    el("option", { value: "" }, any),
+    options.map(([value, text]) => el("option", { value, selected: q.get(name) === value }, text)));
   const form = el("form", { className: "filters", method: "get", action: "/" },
     el("input", { name: "name", placeholder: "name contains…", value: q.get("name") || "" }),
-    status,
+    select("service", services.services.map((s) => [s, s]), "any service"),
+    select("status", ["ok", "error", "unset", "in_progress"].map((s) => [s, s]), "any status"),
+    el("input", { name: "min_duration_ms", type: "number", min: "0", step: "any", placeholder: "min ms",
+      className: "narrow", value: q.get("min_duration_ms") || "" }),
+    select("range", TIME_RANGES, "any time"),
     el("input", { name: "experiment", placeholder: "experiment id", value: q.get("experiment") || "" }),
     el("button", { type: "submit" }, "Filter"),
-    (q.get("name") || q.get("status") || q.get("experiment")) ? link("/", "clear") : null);
+    TRACE_FILTERS.some((k) => q.get(k)) ? link("/", "clear") : null);
 
   const rows = traces.map((t) => el("tr", { "data-trace-id": t.trace_id },
     el("td", {}, link(`/traces/${encodeURIComponent(t.trace_id)}`, t.name)),
@@ -231,22 +239,44 @@ async function tracePage(traceId) {
   const pct = (ns) => `${(((ns - t0) / total) * 100).toFixed(3)}%`;
 
   const panel = el("aside", { className: "panel", id: "span-panel" }, el("p", { className: "muted" }, "Select a span."));
-  const rows = new Map();
-  const waterfall = el("div", { className: "waterfall", id: "waterfall" }, timeAxis(t0, total));
-  for (const { span, depth } of ordered) {
-    const open = isOpen(span);
+  const n = ordered.length;
+  // Depth-first order keeps a subtree contiguous: end[i] is one past its last descendant.
+  const end = new Int32Array(n);
+  const parentOf = new Int32Array(n).fill(-1);
+  const open = [];
+  for (let i = 0; i < n; i++) {
+    const d = ordered[i].depth;
+    while (open.length && ordered[open[open.length - 1]].depth >= d) end[open.pop()] = i;
+    parentOf[i] = open.length ? open[open.length - 1] : -1;
+    open.push(i);
+  }
+  while (open.length) end[open.pop()] = n;
+  const indexOf = new Map(ordered.map((o, i) => [o.span.span_id, i]));
+  // A large trace opens with only its roots' children shown; rows are built when first shown,
+  // so a 10,000-span trace draws the few dozen rows it opens with, not all of them.
+  const folded = new Uint8Array(n);
+  if (n > FOLD_ABOVE) for (let i = 0; i < n; i++) if (ordered[i].depth >= 1 && end[i] > i + 1) folded[i] = 1;
+  const rowEls = new Array(n);
+  let shown = [];
+
+  const buildRow = (i) => {
+    const { span, depth } = ordered[i];
+    const running = isOpen(span);
     const lag = lagOf(span);
     const error = span.status === "error" || span.status_code === 2;
-    const duration = open ? null : span.end_ns - span.start_ns;
     const lagged = lag !== null && lag > LAG_MARK_MS;
-    const label = el("div", { className: "label", title: span.name },
+    const toggle = end[i] > i + 1
+      ? el("button", { className: "fold", type: "button", tabIndex: -1, title: `${end[i] - i - 1} spans below`,
+        onclick: (e) => { e.stopPropagation(); setFolded(i, !folded[i]); } })
+      : el("span", { className: "fold leaf" });
+    const label = el("div", { className: "label", title: span.name }, toggle,
       el("span", { className: "name" }, span.name),
-      el("span", { className: "dur" }, open ? "running" : fmtDuration(duration)),
+      el("span", { className: "dur" }, running ? "running" : fmtDuration(span.end_ns - span.start_ns)),
       lagged ? el("span", { className: "lag-mark", title: "the event loop was blocked while this span ran" }, `⚠ lag ${lag.toFixed(1)} ms`) : null);
-    label.style.paddingLeft = `${8 + depth * 14}px`;
-    const bar = el("div", { className: `bar${open ? " open" : ""}${lagged ? " lagged" : ""}` });
+    label.style.paddingLeft = `${4 + depth * 14}px`;
+    const bar = el("div", { className: `bar${running ? " open" : ""}${lagged ? " lagged" : ""}` });
     bar.style.left = pct(span.start_ns);
-    bar.style.width = `${(((open ? t1 : span.end_ns) - span.start_ns) / total) * 100}%`;
+    bar.style.width = `${(((running ? t1 : span.end_ns) - span.start_ns) / total) * 100}%`;
     const track = el("div", { className: "track" }, bar);
     for (const event of span.events || []) {
       const mark = el("div", { className: "event-mark", title: event.name });
@@ -254,22 +284,178 @@ async function tracePage(traceId) {
       track.appendChild(mark);
     }
     const row = el("div", {
-      className: `wf-row${error ? " error" : ""}`, "data-span-id": span.span_id, tabIndex: 0,
-      onclick: () => { location.hash = `span=${span.span_id}`; },
-      onkeydown: (e) => { if (e.key === "Enter") location.hash = `span=${span.span_id}`; },
+      className: `wf-row${error ? " error" : ""}`, "data-span-id": span.span_id, "data-index": String(i), tabIndex: -1,
+      onclick: () => choose(i),
     }, label, track);
-    rows.set(span.span_id, { row, span });
-    waterfall.appendChild(row);
-  }
+    return row;
+  };
+  const paintToggle = (i) => {
+    const button = rowEls[i]?.querySelector("button.fold");
+    if (!button) return;
+    button.textContent = folded[i] ? "▸" : "▾";
+    button.setAttribute("aria-expanded", folded[i] ? "false" : "true");
+    rowEls[i].classList.toggle("folded", folded[i] === 1);
+  };
 
-  let shown = null;
+  const rowsBox = el("div", { className: "wf-rows", id: "wf-rows", tabIndex: 0 });
+  const render = () => {
+    // Moving rows into the fragment drops the focus: put it back where the keyboard had it.
+    const focused = rowsBox.contains(document.activeElement) ? document.activeElement : null;
+    shown = [];
+    for (let i = 0; i < n; i = folded[i] ? end[i] : i + 1) shown.push(i);
+    const frag = document.createDocumentFragment();
+    for (const i of shown) {
+      if (!rowEls[i]) rowEls[i] = buildRow(i);
+      paintToggle(i);
+      rowEls[i].classList.toggle("match", matchSet.has(i));
+      frag.appendChild(rowEls[i]);
+    }
+    rowsBox.replaceChildren(frag);
+    if (focused) (focused.isConnected ? focused : rowsBox).focus({ preventScroll: true });
+    drawMinimap();
+  };
+  const setFolded = (i, value) => { folded[i] = value ? 1 : 0; render(); };
+  const reveal = (i) => {
+    let changed = false;
+    for (let p = parentOf[i]; p >= 0; p = parentOf[p]) if (folded[p]) { folded[p] = 0; changed = true; }
+    if (changed) render();
+  };
+  const choose = (i) => { location.hash = `span=${ordered[i].span.span_id}`; };
+  const selectedIndex = () => indexOf.get(new URLSearchParams(location.hash.slice(1)).get("span")) ?? -1;
+
+  // Keyboard: up/down (or k/j) move, left/right (or h/l) fold and unfold, "/" searches.
+  rowsBox.addEventListener("keydown", (e) => {
+    const i = selectedIndex();
+    const at = shown.indexOf(i);
+    let target = -1;
+    if (e.key === "ArrowDown" || e.key === "j") target = shown[Math.min(at + 1, shown.length - 1)] ?? shown[0];
+    else if (e.key === "ArrowUp" || e.key === "k") target = shown[Math.max(at - 1, 0)] ?? shown[0];
+    else if ((e.key === "ArrowRight" || e.key === "l") && i >= 0) {
+      if (folded[i]) setFolded(i, false); else if (end[i] > i + 1) target = i + 1;
+    } else if ((e.key === "ArrowLeft" || e.key === "h") && i >= 0) {
+      if (end[i] > i + 1 && !folded[i]) setFolded(i, true); else if (parentOf[i] >= 0) target = parentOf[i];
+    } else if (e.key === "Home") target = shown[0];
+    else if (e.key === "End") target = shown[shown.length - 1];
+    else return;
+    e.preventDefault();
+    if (target >= 0) choose(target);
+  });
+
+  // Search in the trace: names, attribute keys and values; every match is revealed.
+  const haystacks = new Array(n);
+  const haystack = (i) => {
+    if (haystacks[i] === undefined) {
+      const s = ordered[i].span;
+      const parts = [s.name, s.span_id];
+      for (const [k, v] of Object.entries(s.attributes || {})) parts.push(k, typeof v === "string" ? v : JSON.stringify(v));
+      haystacks[i] = parts.join(" ").toLowerCase();
+    }
+    return haystacks[i];
+  };
+  let matches = [];
+  let matchSet = new Set();
+  let current = -1;
+  const search = el("input", { type: "search", id: "trace-search", placeholder: "find in trace (/)", autocomplete: "off" });
+  const count = el("span", { className: "muted", id: "search-count" });
+  const goTo = (k) => {
+    if (!matches.length) return;
+    current = (k + matches.length) % matches.length;
+    count.textContent = `${current + 1} of ${matches.length}`;
+    choose(matches[current]);
+  };
+  const runSearch = () => {
+    const q = search.value.trim().toLowerCase();
+    matches = [];
+    if (q) for (let i = 0; i < n; i++) if (haystack(i).includes(q)) matches.push(i);
+    matchSet = new Set(matches);
+    for (const i of matches) for (let p = parentOf[i]; p >= 0; p = parentOf[p]) folded[p] = 0;
+    current = -1;
+    count.textContent = q ? (matches.length ? `${matches.length} found` : "no match") : "";
+    render();
+  };
+  let pending = null;
+  search.addEventListener("input", () => { clearTimeout(pending); pending = setTimeout(runSearch, 120); });
+  search.addEventListener("keydown", (e) => {
+    if (e.key === "Enter") {
+      e.preventDefault();
+      if (pending) { clearTimeout(pending); pending = null; runSearch(); }
+      goTo(e.shiftKey ? current - 1 : current + 1);
+    } else if (e.key === "Escape") {
+      search.value = "";
+      runSearch();
+      rowsBox.focus();
+    }
+  });
+  const onSlash = (e) => {
+    if (e.key === "/" && document.activeElement !== search && !(e.target instanceof HTMLInputElement)) {
+      e.preventDefault();
+      search.focus();
+    }
+  };
+  document.addEventListener("keydown", onSlash);
+
+  // The minimap: every span of the trace as a line (time across, depth-first order down), the
+  // rows in view as a frame; a click there scrolls the waterfall to that span.
+  const minimap = el("canvas", { className: "minimap", id: "minimap", height: 56, title: "click to jump" });
+  const frame = el("div", { className: "minimap-frame" });
+  const mapBox = el("div", { className: "minimap-box" }, minimap, frame);
+  const drawMinimap = () => {
+    const width = Math.max(minimap.clientWidth, 100);
+    if (minimap.width !== width) minimap.width = width;
+    const ctx = minimap.getContext("2d");
+    if (!ctx) return;
+    const h = minimap.height;
+    ctx.clearRect(0, 0, width, h);
+    const line = Math.max(1, h / n);
+    for (let i = 0; i < n; i++) {
+      const s = ordered[i].span;
+      const e1 = isOpen(s) ? t1 : s.end_ns;
+      const x = ((s.start_ns - t0) / total) * width;
+      ctx.fillStyle = s.status === "error" || s.status_code === 2 ? "#d64545" : (lagOf(s) ?? 0) > LAG_MARK_MS ? "#e0a000" : "#5b7fd6";
+      ctx.fillRect(x, (i / n) * h, Math.max(1, ((e1 - s.start_ns) / total) * width), line);
+    }
+    placeFrame();
+  };
+  const placeFrame = () => {
+    if (!shown.length) return;
+    const rowH = rowsBox.firstElementChild?.offsetHeight || 26;
+    const first = shown[Math.min(shown.length - 1, Math.floor(rowsBox.scrollTop / rowH))];
+    const last = shown[Math.min(shown.length - 1, Math.floor((rowsBox.scrollTop + rowsBox.clientHeight) / rowH))];
+    const h = minimap.height;
+    frame.style.top = `${(first / n) * h}px`;
+    frame.style.height = `${Math.max(3, ((last + 1 - first) / n) * h)}px`;
+  };
+  rowsBox.addEventListener("scroll", placeFrame);
+  minimap.addEventListener("click", (e) => {
+    const i = Math.min(n - 1, Math.max(0, Math.floor((e.offsetY / minimap.clientHeight) * n)));
+    reveal(i);
+    choose(i);
+  });
+
+  const waterfall = el("div", { className: "waterfall", id: "waterfall" },
+    el("div", { className: "wf-tools" }, search, count,
+      el("button", { type: "button", id: "fold-all", onclick: () => { for (let i = 0; i < n; i++) if (ordered[i].depth >= 1 && end[i] > i + 1) folded[i] = 1; render(); } }, "fold all"),
+      el("button", { type: "button", id: "unfold-all", onclick: () => { folded.fill(0); render(); } }, "unfold all"),
+      el("span", { className: "muted keys" }, "↑↓ move · ←→ fold · / find")),
+    mapBox, timeAxis(t0, total), rowsBox);
+
+  let selected = null;
   const select = async () => {
-    const id = new URLSearchParams(location.hash.slice(1)).get("span") || trace.root_span_id || ordered[0]?.span.span_id;
-    const entry = rows.get(id);
-    if (!entry || shown === id) return;
-    shown = id;
-    for (const { row } of rows.values()) row.classList.toggle("selected", row === entry.row);
-    let span = entry.span;
+    let i = selectedIndex();
+    if (i < 0) i = indexOf.get(trace.root_span_id) ?? (n ? 0 : -1);
+    if (i < 0) return;
+    const id = ordered[i].span.span_id;
+    reveal(i);
+    const row = rowEls[i];
+    if (row) {
+      for (const r of rowsBox.querySelectorAll(".wf-row.selected")) r.classList.remove("selected");
+      row.classList.add("selected");
+      row.scrollIntoView({ block: "nearest" });
+      if (document.activeElement === rowsBox || rowsBox.contains(document.activeElement)) row.focus({ preventScroll: true });
+    }
+    if (selected === id) return;
+    selected = id;
+    let span = ordered[i].span;
     // The trace came with payload previews; fetch the whole span when a preview was cut.
     const cut = (span.input_size ?? 0) > (span.input?.length ?? 0) || (span.output_size ?? 0) > (span.output?.length ?? 0);
     if (cut) {
@@ -277,13 +463,13 @@ async function tracePage(traceId) {
       try {
         const full = (await api(`/api/traces/${encodeURIComponent(traceId)}/spans/${encodeURIComponent(id)}`)).span;
         span = { ...full, input: full.attributes["input.value"] ?? null, output: full.attributes["output.value"] ?? null };
-        entry.span = span;
+        ordered[i].span = span;
       } catch (error) {
         panel.replaceChildren(el("p", { className: "error-text" }, error.message));
         return;
       }
     }
-    if (shown === id) panel.replaceChildren(...spanDetails(span, t0));
+    if (selected === id) panel.replaceChildren(...spanDetails(span, t0));
   };
   window.addEventListener("hashchange", select);
 
@@ -299,6 +485,7 @@ async function tracePage(traceId) {
         `Showing the first ${spans.length.toLocaleString()} of ${trace.span_count.toLocaleString()} spans (by start time): the collector returns at most that many per trace.`)
       : null,
     el("div", { className: "trace-layout" }, waterfall, panel));
+  render();
   await select();
 }
 
