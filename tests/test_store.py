@@ -525,3 +525,75 @@ def test_trace_list_filters_by_service_duration_and_start(tmp_path: Path) -> Non
         assert names(min_duration_ns=400 * ms) == ["other", "slow"]  # never a running trace
         assert names(since_ns=2_000 * ms, until_ns=3_000 * ms) == ["other", "slow"]
         assert names(service="job", min_duration_ns=0) == ["other"]
+
+
+def test_lag_culprits_group_stalls_by_code_and_name_the_spans_that_waited(
+    tmp_path: Path,
+) -> None:
+    """The lag page's lead: stalls grouped by the code that blocked (worst first), with the
+    stack of the worst, the spans they happened in, and the spans running meanwhile."""
+    ms = 10**6
+
+    def stall(at: int, duration_ms: float, function: str, line: int) -> dict[str, Any]:
+        return {
+            "name": "looptrace.loop.stall",
+            "time_ns": at,
+            "attributes": {
+                "looptrace.loop.stall.duration_ms": duration_ms,
+                "code.function": function,
+                "code.filepath": "app.py",
+                "code.lineno": line,
+                "looptrace.loop.stall.stack": f"app.py:{line} in {function}",
+                "looptrace.task.name": "Task-1",
+            },
+        }
+
+    lag = "looptrace.loop.lag_max_ms"
+    spans = [
+        decoded_span(
+            1,
+            1,
+            None,
+            "parse",
+            0,
+            300 * ms,
+            attributes={lag: 200.0},
+            events=[stall(50 * ms, 200.0, "parse_json", 10)],
+        ),
+        decoded_span(
+            2,
+            1,
+            None,
+            "parse again",
+            1000 * ms,
+            1100 * ms,
+            attributes={lag: 80.0},
+            events=[stall(1010 * ms, 80.0, "parse_json", 10)],
+        ),
+        decoded_span(
+            3,
+            1,
+            None,
+            "hash",
+            2000 * ms,
+            2050 * ms,
+            attributes={lag: 40.0},
+            events=[stall(2005 * ms, 40.0, "sha_loop", 22)],
+        ),
+        decoded_span(4, 1, None, "fetch", 40 * ms, 400 * ms, attributes={lag: 200.0}),
+        decoded_span(5, 1, None, "unrelated", 5000 * ms, 5001 * ms, attributes={lag: 0.5}),
+    ]
+    with Store(tmp_path / "s.db") as store:
+        store.write(spans)
+        culprits = store.lag_summaries()["culprits"]
+    assert [(c["function"], c["lineno"], c["stalls"]) for c in culprits] == [
+        ("parse_json", 10, 2),
+        ("sha_loop", 22, 1),
+    ]
+    worst = culprits[0]
+    assert (worst["max_ms"], worst["total_ms"], worst["task"]) == (200.0, 280.0, "Task-1")
+    assert worst["stack"] == "app.py:10 in parse_json"
+    assert sorted(s["name"] for s in worst["in_spans"]) == ["parse", "parse again"]
+    assert [s["name"] for s in worst["waiting_spans"]] == ["fetch"]
+    assert worst["waiting"] == 1
+    assert culprits[1]["waiting_spans"] == []

@@ -27,7 +27,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -957,7 +957,16 @@ class Store:
                     (since_ns or 0, LAG_SPAN_NAME, worst),
                 )
             ]
-        return {"summaries": summaries, "worst_spans": worst_spans}
+            culprits = _culprits(
+                conn.execute(
+                    "SELECT trace_id, span_id, name, start_ns, end_ns, lag_max_ms, events "
+                    "FROM spans WHERE lag_max_ms IS NOT NULL AND start_ns >= ? AND name != ? "
+                    "ORDER BY lag_max_ms DESC LIMIT ?",
+                    (since_ns or 0, LAG_SPAN_NAME, _CULPRIT_SCAN),
+                ),
+                worst,
+            )
+        return {"summaries": summaries, "worst_spans": worst_spans, "culprits": culprits}
 
     def stats(self) -> dict[str, Any]:
         """Counts and sizes, for ``looptrace`` commands and the viewer."""
@@ -980,6 +989,73 @@ class Store:
 def conn_path(conn: sqlite3.Connection) -> str:
     row = conn.execute("PRAGMA database_list").fetchone()
     return str(row[2]) if row else "the store"
+
+
+# The lag page's culprits come from the stall events on this many of the most lagged spans.
+_CULPRIT_SCAN = 2000
+_STALL_EVENT = "looptrace.loop.stall"
+_VICTIMS_SHOWN = 5
+
+
+def _culprits(rows: Iterable[Sequence[Any]], limit: int) -> list[dict[str, Any]]:
+    """Stall events grouped by the code that blocked the loop (function, file, line), worst
+    first: how often, how long, the stack of the worst stall, the spans it happened in, and
+    the other spans that were running (so waited) while it blocked."""
+    spans = [tuple(r) for r in rows]
+    groups: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
+    for trace_id, span_id, name, _start, _end, _lag, events in spans:
+        for event in _loads(events) if events and events != "[]" else ():
+            if event.get("name") != _STALL_EVENT:
+                continue
+            attrs = event.get("attributes") or {}
+            key = (attrs.get("code.function"), attrs.get("code.filepath"), attrs.get("code.lineno"))
+            ms = float(attrs.get("looptrace.loop.stall.duration_ms") or 0.0)
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = {
+                    "function": key[0],
+                    "filepath": key[1],
+                    "lineno": key[2],
+                    "stalls": 0,
+                    "total_ms": 0.0,
+                    "max_ms": 0.0,
+                    "stack": "",
+                    "task": None,
+                    "in_spans": [],
+                    "waiting_spans": [],
+                    "_windows": [],
+                    "_seen": set(),
+                }
+            group["stalls"] += 1
+            group["total_ms"] += ms
+            if ms >= group["max_ms"]:
+                group["max_ms"] = ms
+                group["stack"] = attrs.get("looptrace.loop.stall.stack", "")
+                group["task"] = attrs.get("looptrace.task.name")
+            at = int(event.get("time_ns") or 0)
+            group["_windows"].append((at, at + int(ms * 1e6)))
+            group["_seen"].add((trace_id, span_id))
+            if len(group["in_spans"]) < _VICTIMS_SHOWN and all(
+                (v["trace_id"], v["span_id"]) != (trace_id, span_id) for v in group["in_spans"]
+            ):
+                group["in_spans"].append({"trace_id": trace_id, "span_id": span_id, "name": name})
+    ranked = sorted(groups.values(), key=lambda g: g["max_ms"], reverse=True)[:limit]
+    for group in ranked:
+        windows, seen = group.pop("_windows"), group.pop("_seen")
+        waiting = 0
+        for trace_id, span_id, name, start, end, _lag, _events in spans:
+            if (trace_id, span_id) in seen:
+                continue
+            stop = end or start
+            if any(start <= w_end and w_start <= stop for w_start, w_end in windows):
+                waiting += 1
+                if len(group["waiting_spans"]) < _VICTIMS_SHOWN:
+                    group["waiting_spans"].append(
+                        {"trace_id": trace_id, "span_id": span_id, "name": name}
+                    )
+        group["waiting"] = waiting
+        group["total_ms"] = round(group["total_ms"], 3)
+    return ranked
 
 
 _TRACE_SELECT = (
