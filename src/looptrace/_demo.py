@@ -109,7 +109,7 @@ async def _run(cases: int, out: IO[str]) -> looptrace.Experiment:
     dataset = build_dataset(cases)
     # summary_interval: the monitor writes a looptrace.loop.lag summary span every 100 ms.
     async with (
-        LagMonitor(interval=0.002, summary_interval=0.1),
+        LagMonitor(interval=0.002, summary_interval=0.1, culprits=True, culprit_threshold=0.01),
         looptrace.experiment(
             DEMO_EXPERIMENT, metadata={"agent": "toy", "cases": cases}, tags=["demo"], stream=out
         ) as exp,

@@ -206,14 +206,17 @@ _Frame = tuple[str, str, int, bool, bool]
 
 # Frames from the standard library (asyncio's to_thread, gather...) and from looptrace itself are
 # shown in the stack but not named as the culprit when the user's own coroutine is on the stack.
-_LIBRARY_DIRS = (
-    os.path.join(sysconfig.get_paths()["stdlib"], ""),
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), ""),
-)
+_STDLIB_DIR = os.path.join(sysconfig.get_paths()["stdlib"], "")
+_LOOPTRACE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
+# `looptrace demo` plays the user's program: its blocking step is what the culprit must name.
+_DEMO_FILE = os.path.join(_LOOPTRACE_DIR, "_demo.py")
 
 
 def _is_library(filename: str) -> bool:
-    return filename.startswith(_LIBRARY_DIRS) and "-packages" not in filename
+    if filename.startswith(_LOOPTRACE_DIR):  # wherever looptrace is installed
+        return filename != _DEMO_FILE
+    # The standard library, but not the third-party packages installed under it.
+    return filename.startswith(_STDLIB_DIR) and "-packages" not in filename
 
 
 class _Watch:
