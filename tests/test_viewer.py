@@ -759,10 +759,11 @@ def test_a_10000_span_trace_opens_folded_with_a_minimap_and_search_finds_a_deep_
     page.keyboard.press("ArrowLeft")
     page.wait_for_function(f"document.querySelectorAll('.wf-row').length === {shown}")
     page.click("#unfold-all")
-    page.wait_for_function("document.querySelectorAll('.wf-row').length === 10001")
+    page.wait_for_function("document.querySelectorAll('.wf-row').length === 10001", timeout=20_000)
     page.fill("#trace-search", "no such thing")
     page.press("#trace-search", "Enter")
     assert page.locator("#search-count").inner_text() == "no match"
+    assert page.locator(".wf-row.match").count() == 0
 
 
 @browser_test
@@ -792,3 +793,28 @@ def test_the_trace_list_filters_by_service_duration_and_time(page: Any, store: S
     recent = store.list_traces(limit=51, since_ns=time.time_ns() - 900 * 10**9)
     assert listed == min(len(recent), 50) > 0
     assert page.locator(f"tr[data-trace-id='{BIG_TRACE}']").count() == 0
+
+
+@browser_test
+@needs_chromium
+def test_the_lag_page_leads_with_what_blocked_the_loop(
+    page: Any, store: Store, tmp_path: Path
+) -> None:
+    """The demo blocks its loop in `generate` (a time.sleep in async code): the lag page opens
+    with that line as the culprit, the span it blocked in, and the spans that waited on it,
+    before the chart and the list of lagged spans."""
+    (culprit, *_) = store.lag_summaries()["culprits"]
+    assert culprit["function"] == "generate" and culprit["filepath"].endswith("_demo.py")
+    _open(page, "/lag")
+    first = page.locator("h2").first.inner_text()
+    assert first == "What blocked the loop"
+    row = page.locator("#culprits tr.culprit").first
+    text = row.inner_text()
+    assert "generate" in text and f"_demo.py:{culprit['lineno']}" in text
+    assert f"{culprit['max_ms']:.1f} ms" in text
+    assert row.locator("td").nth(4).locator("a").count() == len(culprit["in_spans"])
+    if culprit["waiting"]:
+        assert row.locator("td").nth(5).locator("a").count() == len(culprit["waiting_spans"])
+    row.locator("summary", has_text="stack").click()
+    assert "generate" in row.locator("pre.stack").inner_text()
+    _shot(page, "lag", tmp_path)

@@ -367,11 +367,21 @@ async function tracePage(traceId) {
     const q = search.value.trim().toLowerCase();
     matches = [];
     if (q) for (let i = 0; i < n; i++) if (haystack(i).includes(q)) matches.push(i);
+    const before = matchSet;
     matchSet = new Set(matches);
-    for (const i of matches) for (let p = parentOf[i]; p >= 0; p = parentOf[p]) folded[p] = 0;
+    let opened = false;
+    for (const i of matches) {
+      for (let p = parentOf[i]; p >= 0; p = parentOf[p]) if (folded[p]) { folded[p] = 0; opened = true; }
+    }
     current = -1;
     count.textContent = q ? (matches.length ? `${matches.length} found` : "no match") : "";
-    render();
+    if (opened) {
+      render();
+    } else {
+      // Nothing to open: mark the rows in place rather than re-laying out every row.
+      for (const i of before) rowEls[i]?.classList.remove("match");
+      for (const i of matches) rowEls[i]?.classList.add("match");
+    }
   };
   let pending = null;
   search.addEventListener("input", () => { clearTimeout(pending); pending = setTimeout(runSearch, 120); });
@@ -782,9 +792,29 @@ async function lagPage() {
     el("td", { className: "mono" }, fmtTime(w.start_ns)),
     el("td", { className: "num" }, fmtDuration(w.duration_ns)),
     el("td", { className: `num${w.lag_max_ms > LAG_MARK_MS ? " worse" : ""}` }, `${w.lag_max_ms.toFixed(2)} ms`)));
+  const spanLinks = (spans) => spans.map((v, k) => [k ? ", " : "",
+    link(`/traces/${encodeURIComponent(v.trace_id)}#span=${encodeURIComponent(v.span_id)}`, v.name)]);
+  const culprits = (data.culprits || []).map((c) => el("tr", { className: "culprit" },
+    el("td", {},
+      el("div", { className: "mono" }, c.function || "?"),
+      el("div", { className: "muted" }, `${c.filepath || "?"}:${c.lineno ?? "?"}${c.task ? ` · task ${c.task}` : ""}`),
+      c.stack ? el("details", {}, el("summary", {}, "stack"), el("pre", { className: "stack" }, c.stack)) : null),
+    el("td", { className: "num" }, String(c.stalls)),
+    el("td", { className: "num worse" }, `${fmtNumber(c.max_ms, 1)} ms`),
+    el("td", { className: "num" }, `${fmtNumber(c.total_ms, 1)} ms`),
+    el("td", {}, spanLinks(c.in_spans)),
+    el("td", {}, c.waiting ? [spanLinks(c.waiting_spans), c.waiting > c.waiting_spans.length ? ` and ${c.waiting - c.waiting_spans.length} more` : ""] : el("span", { className: "muted" }, "none"))));
   const maxes = points.map((p) => p.max).filter((v) => v !== null);
   const p99s = points.map((p) => p.p99).filter((v) => v !== null);
   show(el("h1", {}, "Event-loop lag"),
+    el("h2", {}, "What blocked the loop"),
+    culprits.length
+      ? el("table", { className: "grid culprits", id: "culprits" }, el("thead", {}, el("tr", {},
+          el("th", {}, "Blocking code"), el("th", { className: "num" }, "Stalls"), el("th", { className: "num" }, "Worst"),
+          el("th", { className: "num" }, "Total"), el("th", {}, "Blocked in"), el("th", {}, "Spans that waited"))),
+        el("tbody", {}, culprits))
+      : el("p", { className: "muted" }, "No stall recorded: the lag monitor names the code that blocks the loop for longer than its threshold."),
+    el("h2", {}, "Lag over time"),
     points.length
       ? [el("div", { className: "cards" },
           el("div", { className: "card" }, el("div", { className: "k" }, "summaries"), el("div", { className: "v" }, String(points.length))),
