@@ -797,9 +797,7 @@ def test_the_trace_list_filters_by_service_duration_and_time(page: Any, store: S
 
 @browser_test
 @needs_chromium
-def test_the_lag_page_leads_with_what_blocked_the_loop(
-    page: Any, store: Store, tmp_path: Path
-) -> None:
+def test_the_lag_page_leads_with_what_blocked_the_loop(page: Any, store: Store) -> None:
     """The demo blocks its loop in `generate` (a time.sleep in async code): the lag page opens
     with that line as the culprit, the span it blocked in, and the spans that waited on it,
     before the chart and the list of lagged spans."""
@@ -817,4 +815,3 @@ def test_the_lag_page_leads_with_what_blocked_the_loop(
         assert row.locator("td").nth(5).locator("a").count() == len(culprit["waiting_spans"])
     row.locator("summary", has_text="stack").click()
     assert "generate" in row.locator("pre.stack").inner_text()
-    _shot(page, "lag", tmp_path)
