@@ -815,3 +815,43 @@ def test_the_lag_page_leads_with_what_blocked_the_loop(page: Any, store: Store) 
         assert row.locator("td").nth(5).locator("a").count() == len(culprit["waiting_spans"])
     row.locator("summary", has_text="stack").click()
     assert "generate" in row.locator("pre.stack").inner_text()
+
+
+@browser_test
+@needs_chromium
+def test_a_bytes_output_says_it_is_base64(browser: Any, tmp_path: Path) -> None:
+    """A traced function that returned bytes: the panel says the output is bytes shown as
+    base64, and how many; a text output gets no such note."""
+    import looptrace
+    from looptrace.testing import capture_spans
+    from test_collector import running_collector
+
+    @looptrace.traced(name="thumbnail")
+    def thumbnail(name: str) -> bytes:
+        return bytes(range(256)) + b"\x00" * 44  # 300 bytes of image
+
+    path = tmp_path / "bytes.db"
+    with capture_spans() as captured:
+        thumbnail("cat.png")
+    span = captured.by_name("thumbnail")
+    from looptrace import _otlp
+    from looptrace._config import Config
+    from looptrace._serialize import to_wire
+
+    cfg = Config()
+    body = _otlp.encode_request(
+        [_otlp.encode_span(to_wire(span, cfg), "protobuf")], _otlp.default_resource(cfg), "protobuf"
+    )
+    with Store(path) as store:
+        store.write(_otlp.decode_request(body, _otlp.PROTOBUF_CONTENT_TYPE, None))
+    with running_collector(path, extra_routes=viewer.routes()) as url:
+        context = browser.new_context(base_url=url)
+        try:
+            tab = context.new_page()
+            _open(tab, f"/traces/{span.trace_id:032x}#span={span.span_id:016x}")
+            hint = tab.locator("#span-panel .bytes-hint")
+            hint.wait_for()
+            assert hint.count() == 1  # the output; the input is a dict of text
+            assert hint.inner_text() == "bytes, shown as base64: 300 bytes"
+        finally:
+            context.close()

@@ -110,6 +110,17 @@ function jsonBlock(value, note) {
   return el("details", {}, el("summary", {}, `${kb} KB — show`), pre, note);
 }
 
+// looptrace exports bytes as base64 text (docs/serialization.md): say so when a payload is one.
+const BASE64 = /^"(?:[A-Za-z0-9+/]{4}){4,}(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?(?:\.\.\.<truncated: (\d+) bytes>)?"$/;
+function bytesHint(value) {
+  if (typeof value !== "string") return null;
+  const m = BASE64.exec(value);
+  if (!m) return null;
+  const body = value.slice(1, value.indexOf(m[1] ? "..." : '"', 1));
+  const size = m[1] ? Number(m[1]) : Math.floor((body.length * 3) / 4) - (body.endsWith("==") ? 2 : body.endsWith("=") ? 1 : 0);
+  return el("p", { className: "muted bytes-hint" }, `bytes, shown as base64: ${size.toLocaleString()} bytes${m[1] ? " (the first shown)" : ""}`);
+}
+
 function query() {
   return new URLSearchParams(location.search);
 }
@@ -551,8 +562,8 @@ function spanDetails(span, t0) {
   }
   const input = span.input ?? span.attributes?.["input.value"];
   const output = span.output ?? span.attributes?.["output.value"];
-  if (input !== null && input !== undefined) out.push(el("h3", {}, "Input"), jsonBlock(input));
-  if (output !== null && output !== undefined) out.push(el("h3", {}, "Output"), jsonBlock(output));
+  if (input !== null && input !== undefined) out.push(el("h3", {}, "Input"), jsonBlock(input, bytesHint(input)));
+  if (output !== null && output !== undefined) out.push(el("h3", {}, "Output"), jsonBlock(output, bytesHint(output)));
   const attrs = Object.entries(span.attributes || {}).filter(([k]) => !HIDDEN_ATTRIBUTES.has(k));
   if (attrs.length) {
     out.push(el("h3", {}, "Attributes"), el("table", { className: "grid attributes" }, el("tbody", {},
