@@ -21,10 +21,13 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff check and ruff format --check."""
+    """ruff check, ruff format --check, and the import layers (pyproject's importlinter)."""
     session.install("ruff>=0.5")
     session.run("ruff", "check", "src", "tests", "benchmarks", "noxfile.py")
     session.run("ruff", "format", "--check", "src", "tests", "benchmarks", "noxfile.py")
+    # lint-imports reads the installed package: the contracts name its modules.
+    session.install("-e", ".[otel]", "import-linter>=2.1")
+    session.run("lint-imports")
 
 
 @nox.session(python=PYTHON)

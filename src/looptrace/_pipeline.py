@@ -1209,6 +1209,46 @@ _pipeline: Pipeline | None = None
 _atexit_registered = False
 
 
+class StartsPipeline:
+    """The sink until a pipeline runs: the first span starts one from the configuration in
+    force, which then replaces this as the sink."""
+
+    def on_start(self, span: Span) -> None:
+        _get_or_create().on_start(span)
+
+    def on_end(self, span: Span) -> None:
+        _get_or_create().on_end(span)
+
+
+STARTS_PIPELINE = StartsPipeline()
+
+
+def _wire_lag_monitor(cfg: Config) -> None:
+    """With ``lag_monitor`` on, the monitor starts on a loop when the first span starts there."""
+    if cfg.lag_monitor and not cfg.disabled:
+        _state.add_hooks(start=_start_lag_monitor)
+    else:
+        _state.remove_hooks(start=_start_lag_monitor)
+
+
+def _start_lag_monitor(span: Span) -> None:
+    """Start the monitor on this loop at its first span, so a stall inside that very span is
+    measured (once per loop: one lookup per span after)."""
+    loop = asyncio._get_running_loop()
+    if loop is None or loop in _monitored:
+        return
+    try:
+        _monitored.add(loop)
+    except TypeError:  # pragma: no cover - a loop without weakref support
+        return
+    from .monitor import ensure_from_config
+
+    ensure_from_config(_state.config)
+
+
+_monitored: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+
 def _get_or_create() -> Pipeline:
     global _pipeline, _atexit_registered
     with _lock:
@@ -1253,7 +1293,7 @@ def configure(**overrides: Any) -> Config:
     with _lock:
         _state.apply_config(cfg)
         old, _pipeline = _pipeline, None
-        _state.sink = _state.STARTS_PIPELINE
+        _state.sink = STARTS_PIPELINE
     if old is not None:
         old.close_soon()
     if not cfg.disabled:
@@ -1350,7 +1390,7 @@ def _detach() -> Pipeline | None:
     with _lock:
         pipeline, _pipeline = _pipeline, None
         if pipeline is not None:
-            _state.sink = _state.STARTS_PIPELINE
+            _state.sink = STARTS_PIPELINE
     if pipeline is not None:
         _last_stats[0] = pipeline
     return pipeline
@@ -1466,7 +1506,7 @@ def _after_fork_in_child() -> None:
     _lock = threading.RLock()
     if _pipeline is not None:
         _pipeline = None
-        _state.sink = _state.STARTS_PIPELINE
+        _state.sink = STARTS_PIPELINE
     _last_stats[0] = None
 
 
@@ -1488,3 +1528,11 @@ __all__ = [
     "shutdown_sync",
     "statistics",
 ]
+
+
+# The wiring from capture up: capture never imports this module's stage, it is told.
+if isinstance(_state.sink, _state.NullSink) and not (_state.config and _state.config.disabled):
+    _state.sink = STARTS_PIPELINE
+_state.config_listeners.append(_wire_lag_monitor)
+if _state.config is not None:
+    _wire_lag_monitor(_state.config)

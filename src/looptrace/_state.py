@@ -6,10 +6,8 @@ Kept as plain module attributes so a capture reads each with one attribute looku
 
 from __future__ import annotations
 
-import sys
-import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from ._config import Config
@@ -36,25 +34,6 @@ class NullSink:
         pass
 
 
-class StartsPipeline:
-    """The sink until a pipeline runs: the first span starts one from the configuration in
-    force, which then replaces this as the sink."""
-
-    def on_start(self, span: Span) -> None:
-        _start_pipeline().on_start(span)
-
-    def on_end(self, span: Span) -> None:
-        _start_pipeline().on_end(span)
-
-
-def _start_pipeline() -> Sink:
-    # Imported here because the pipeline module imports this one. The capture API imports the
-    # pipeline module itself, so this import is already done and the first span pays nothing.
-    from ._pipeline import _get_or_create
-
-    return _get_or_create()
-
-
 class ContextBridge(Protocol):
     """Keeps looptrace's active span and another tracing API's in agreement (the
     OpenTelemetry API, through ``looptrace.otel``). Installed only when asked for."""
@@ -69,8 +48,9 @@ class ContextBridge(Protocol):
         """Undo :meth:`enter`."""
 
 
-STARTS_PIPELINE = StartsPipeline()
-sink: Sink = STARTS_PIPELINE
+# The export pipeline puts its starting sink here when it is imported (the capture API imports
+# it, so it is in place before any span can end): capture never imports export.
+sink: Sink = NullSink()
 config: Config | None = None
 
 # Capture switches, derived from the config so the hot path tests a bool, not an object.
@@ -110,23 +90,9 @@ def remove_hooks(
     end_hooks = tuple(h for h in end_hooks if h != end)
 
 
-def _start_lag_monitor(span: Span) -> None:
-    """With ``lag_monitor`` on, start the monitor on a loop when the first span starts there,
-    so a stall inside that very span is measured (once per loop: one lookup per span after)."""
-    asyncio = sys.modules.get("asyncio")  # no asyncio loaded: no loop to watch
-    loop = asyncio._get_running_loop() if asyncio is not None else None
-    if loop is None or loop in _monitored:
-        return
-    try:
-        _monitored.add(loop)
-    except TypeError:  # pragma: no cover - a loop without weakref support
-        return
-    from .monitor import ensure_from_config
-
-    ensure_from_config(config)
-
-
-_monitored: weakref.WeakSet[Any] = weakref.WeakSet()
+# Told of each configuration applied, after the capture switches: how the stages above capture
+# (the pipeline wires the lag monitor this way) follow it without capture importing them.
+config_listeners: list[Callable[[Config], None]] = []
 
 
 def apply_config(cfg: Config) -> None:
@@ -139,7 +105,5 @@ def apply_config(cfg: Config) -> None:
     capture_outputs = cfg.capture_outputs
     max_generator_items = cfg.max_generator_items
     sample_threshold = int(cfg.sample_rate * (1 << 64))
-    if cfg.lag_monitor and not cfg.disabled:
-        add_hooks(start=_start_lag_monitor)
-    else:
-        remove_hooks(start=_start_lag_monitor)
+    for listener in config_listeners:
+        listener(cfg)
