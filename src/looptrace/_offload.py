@@ -25,6 +25,7 @@ subprocesses at all (``unavailable``), after :meth:`Offloader.shutdown` (``shutd
 from __future__ import annotations
 
 import asyncio
+import enum
 import os
 import pickle
 import threading
@@ -60,6 +61,23 @@ MIN_RAW_BYTES = 64 * 1024
 
 async def _done(value: bytes) -> bytes:
     return value
+
+
+class PoolState(str, enum.Enum):
+    """Where the worker pool is in its life:
+    UNSTARTED -> RUNNING -> (BROKEN -> RUNNING) ... -> RETIRED | UNAVAILABLE | SHUTDOWN.
+    BROKEN (a worker died) starts again on the next large span; the last three are final."""
+
+    UNSTARTED = "unstarted"
+    RUNNING = "running"
+    BROKEN = "broken"
+    RETIRED = "retired"  # replaced too often: large spans are serialized in this process
+    UNAVAILABLE = "unavailable"  # could not start (or interpreter exit)
+    SHUTDOWN = "shutdown"
+
+
+# States in which the next large span starts the pool.
+STARTABLE = frozenset((PoolState.UNSTARTED, PoolState.BROKEN))
 
 
 class Job:
@@ -129,15 +147,14 @@ class Offloader:
         self.stats: Counter[str] = Counter()
         self._pool: _workers.Pool | None = None
         self._last_settings: tuple[Destination, Any, bytes] | None = None
-        # unstarted -> running -> (broken -> running) -> retired | unavailable | shutdown
-        self._state = "unstarted"
+        self._state = PoolState.UNSTARTED
         self._replaced = False
         self._lock = threading.Lock()
         # The start in progress, shared by every span that needs the pool meanwhile.
         self._starting: asyncio.Task[None] | None = None
 
     @property
-    def state(self) -> str:
+    def state(self) -> PoolState:
         return self._state
 
     def worker_pids(self) -> list[int]:
@@ -151,13 +168,13 @@ class Offloader:
 
     async def encode(self, span: Span, cfg: Config, encoding: str) -> bytes:
         """The encoded span chunk (``_otlp.encode_span(to_wire(span, cfg), encoding)``)."""
-        if self._state != "running":
+        if self._state is not PoolState.RUNNING:
             await self._ensure_pool()
         return await self.submit(span, cfg, encoding)
 
     async def ready(self) -> None:
         """Start the pool if it has not been started (in a thread, never on the loop)."""
-        if self._state in ("unstarted", "broken"):
+        if self._state in STARTABLE:
             await self._ensure_pool()
 
     def submit(self, span: Span, cfg: Config, encoding: str) -> Awaitable[bytes]:
@@ -165,9 +182,9 @@ class Offloader:
 
         The user's hooks run in this call, on the caller's thread, so a caller that hands over
         many spans can yield between them (the pipeline's time-sliced encode loop does)."""
-        pool = self._pool if self._state == "running" else None
+        pool = self._pool if self._state is PoolState.RUNNING else None
         if pool is None:
-            if self._state in ("unstarted", "broken"):
+            if self._state in STARTABLE:
                 return self.encode(span, cfg, encoding)  # starts the pool first
             return _done(self._inline(span, cfg, encoding, self._fallback_reason()))
         return self._work(pool, (*_serialize.prepare(span, cfg), encoding))
@@ -205,9 +222,9 @@ class Offloader:
         Returns the backend's ``Response``; a ``str`` naming the error when no answer came
         (retry as for any request); or the encoded span (``bytes``) when the worker could not
         take it, for the caller to send itself (the reason is counted)."""
-        if self._state != "running":
+        if self._state is not PoolState.RUNNING:
             await self._ensure_pool()
-        pool = self._pool if self._state == "running" else None
+        pool = self._pool if self._state is PoolState.RUNNING else None
         if pool is None:
             return self._finish_inline(*job.prepared, job.encoding, self._fallback_reason())
         wire, inputs, output, pol, max_span = job.prepared
@@ -291,17 +308,19 @@ class Offloader:
         return _otlp.encode_span(_serialize.finish(wire, inputs, output, pol, max_span), encoding)
 
     def _fallback_reason(self) -> str:
-        return {"retired": "pool_retired", "shutdown": "shutdown"}.get(self._state, "unavailable")
+        return {PoolState.RETIRED: "pool_retired", PoolState.SHUTDOWN: "shutdown"}.get(
+            self._state, "unavailable"
+        )
 
     async def _ensure_pool(self) -> _workers.Pool | None:
-        if self._state in ("unstarted", "broken"):
+        if self._state in STARTABLE:
             # One start, awaited by all: the first large spans arrive together.
             loop = asyncio.get_running_loop()
             starting = self._starting
             if starting is None or starting.done() or starting.get_loop() is not loop:
                 starting = self._starting = loop.create_task(self._start_off_loop())
             await asyncio.shield(starting)
-        return self._pool if self._state == "running" else None
+        return self._pool if self._state is PoolState.RUNNING else None
 
     async def _start_off_loop(self) -> None:
         try:
@@ -309,12 +328,12 @@ class Offloader:
         except RuntimeError:
             # Interpreter exit: no new threads to start the pool from, and no time to.
             with self._lock:
-                if self._state in ("unstarted", "broken"):
-                    self._state = "unavailable"
+                if self._state in STARTABLE:
+                    self._state = PoolState.UNAVAILABLE
 
     def _start(self) -> None:
         with self._lock:
-            if self._state not in ("unstarted", "broken"):
+            if self._state not in STARTABLE:
                 return
             try:
                 pool = _new_pool(self.workers)
@@ -322,19 +341,19 @@ class Offloader:
                 _serialize.logger.warning(
                     "looptrace: no worker process (%s); serializing inline", exc
                 )
-                self._state = "unavailable"
+                self._state = PoolState.UNAVAILABLE
                 return
             self._pool = pool
-            self._state = "running"
+            self._state = PoolState.RUNNING
 
     def _broken(self, pool: _workers.Pool) -> None:
         with self._lock:
             if self._pool is not pool:
                 return  # another span already dealt with this pool
             self._pool = None
-            if self._state == "running":
+            if self._state is PoolState.RUNNING:
                 # Replace a broken pool once; a second break means something kills workers.
-                self._state = "retired" if self._replaced else "broken"
+                self._state = PoolState.RETIRED if self._replaced else PoolState.BROKEN
                 self._replaced = True
         pool.close(wait=False)
 
@@ -342,7 +361,7 @@ class Offloader:
         """Stop the workers; later ``encode`` calls serialize inline."""
         with self._lock:
             pool, self._pool = self._pool, None
-            self._state = "shutdown"
+            self._state = PoolState.SHUTDOWN
         if pool is not None:
             pool.close(wait=wait)
 

@@ -558,6 +558,7 @@ class Pipeline:
         cfg = self.cfg
         encoding = cfg.encoding
         from ._encode import OFFLOAD
+        from ._offload import STARTABLE
         from ._serialize import estimate_size
 
         plan, encode = self._span_encoder.plan, self._span_encoder.encode
@@ -575,7 +576,7 @@ class Pipeline:
                         # Travels alone, encoded and sent by a worker; the hooks run now.
                         chunks[i] = offloader.job(span, cfg, encoding, estimate_size(span))
                         continue
-                    if offloader.state in ("unstarted", "broken"):
+                    if offloader.state in STARTABLE:
                         # Start the pool before the first handoff, so that every handoff of
                         # this drain happens inside a time slice, not all at once after it.
                         await offloader.ready()
