@@ -1,4 +1,5 @@
-"""How fast the viewer answers on a store of 10,000 traces (60,000 spans).
+"""How fast the viewer answers on a store of 100,000 traces (150,000 spans, and one trace of
+10,001 spans).
 
 Fills a fresh store through ``Store.write`` (DecodedSpan objects, as the collector writes them),
 starts the collector with the viewer on 127.0.0.1, then times:
@@ -32,8 +33,11 @@ from looptrace.collector import viewer
 from looptrace.collector.app import create_app
 from store_support import decoded_span
 
-TRACES = 10_000
-SPANS_PER_TRACE = 6
+TRACES = 100_000
+SPANS_PER_TRACE = 6  # for the newest DEEP_TRACES traces; the rest are single spans
+DEEP_TRACES = 10_000
+BIG_TRACE = 0xB16  # a fan-out: 1 root, 100 batches of 99 items
+BIG_BATCHES, BIG_ITEMS = 100, 99
 EXPERIMENT_CASES = 200
 LAG_SUMMARIES = 300
 REPEATS = 15
@@ -95,7 +99,7 @@ def fill(store: Store) -> float:
                 status=2 if t % 97 == 0 else 0,
             )
         )
-        for s in range(2, SPANS_PER_TRACE + 1):
+        for s in range(2, (SPANS_PER_TRACE if t > TRACES - DEEP_TRACES else 1) + 1):
             s_start = start + s * 5_000_000
             batch.append(
                 _span(
@@ -128,7 +132,21 @@ def fill(store: Store) -> float:
             )
         )
     store.write(batch)
+    store.write(big_trace(base))
     return time.perf_counter() - t0
+
+
+def big_trace(base: int) -> list[DecodedSpan]:
+    spans = [_span(BIG_TRACE, 1, None, "fan-out", base, base + 10**9, {})]
+    for b in range(BIG_BATCHES):
+        b0 = base + b * 10**7
+        spans.append(_span(BIG_TRACE, 2 + b, 1, f"batch {b}", b0, b0 + 9 * 10**6, {}))
+        for i in range(BIG_ITEMS):
+            t = b0 + i * 90_000
+            spans.append(
+                _span(BIG_TRACE, 1000 + b * 1000 + i, 2 + b, f"item {b}.{i}", t, t + 80_000, {})
+            )
+    return spans
 
 
 def serve(path: Path) -> tuple[uvicorn.Server, threading.Thread, str]:
@@ -210,17 +228,22 @@ def main() -> None:
             f"{stats['bytes'] / 2**20:.1f} MiB, filled in {seconds:.1f} s"
         )
         server, thread, base = serve(path)
-        mid = f"{TRACES // 2:032x}"
+        mid = f"{TRACES - DEEP_TRACES // 2:032x}"
+        big = f"{BIG_TRACE:032x}"
         experiment = f"{0xE0:032x}"
         api = time_api(
             base,
             [
                 ("trace list, first page", "/api/traces?limit=51"),
-                ("trace list, page at offset 9,000", "/api/traces?limit=51&offset=9000"),
+                ("trace list, page at offset 90,000", "/api/traces?limit=51&offset=90000"),
+                ("trace list, service filter", "/api/traces?limit=51&service=bench"),
+                ("trace list, min duration 30 ms", "/api/traces?limit=51&min_duration_ms=30"),
+                ("trace list, last hour", "/api/traces?limit=51&range=3600"),
                 ("trace list, name filter", "/api/traces?limit=51&name=job-7"),
                 ("trace list, status=error", "/api/traces?limit=51&status=error"),
                 ("trace list, experiment filter", f"/api/traces?limit=51&experiment={experiment}"),
                 ("one trace (6 spans)", f"/api/traces/{mid}"),
+                ("one trace (10,001 spans)", f"/api/traces/{big}"),
                 ("experiments", "/api/experiments?limit=200"),
                 (f"one experiment ({EXPERIMENT_CASES} cases)", f"/api/experiments/{experiment}"),
                 ("lag summaries", "/api/lag?limit=500&worst=20"),
@@ -235,8 +258,10 @@ def main() -> None:
                 base,
                 [
                     ("traces", "/"),
-                    ("traces, page at offset 9,000", "/?offset=9000"),
+                    ("traces, page at offset 90,000", "/?offset=90000"),
+                    ("traces, filtered by service", "/?service=bench&min_duration_ms=30"),
                     ("one trace", f"/traces/{mid}"),
+                    ("one trace of 10,001 spans", f"/traces/{big}"),
                     ("experiments", "/experiments"),
                     (f"one experiment ({EXPERIMENT_CASES} cases)", f"/experiments/{experiment}"),
                     ("lag", "/lag"),
