@@ -471,3 +471,32 @@ async def test_a_stall_event_is_never_dated_before_its_span() -> None:
     span = spans.by_name("late")
     (event,) = [e for e in span.events or [] if e.name == monitor.STALL_EVENT]
     assert span.start_ns <= event.time_ns <= span.end_ns
+
+
+def test_a_program_that_only_monitors_still_exports_its_summaries(tmp_path: pathlib.Path) -> None:
+    """Importing looptrace.monitor alone (no traced code anywhere) wires the export pipeline:
+    the monitor's summary spans reach the store."""
+    import os
+    import subprocess
+    import sys
+
+    from looptrace._store import Store
+
+    code = (
+        "import asyncio, time\n"
+        "from looptrace.monitor import LagMonitor\n"
+        "async def main():\n"
+        "    async with LagMonitor(interval=0.002, summary_interval=0.05):\n"
+        "        time.sleep(0.03)\n"
+        "        await asyncio.sleep(0.12)\n"
+        "asyncio.run(main())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOPTRACE_", "OTEL_"))}
+    env["LOOPTRACE_STORE"] = str(tmp_path / "store.db")
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    with Store(tmp_path / "store.db") as store:
+        summaries = store.lag_summaries()["summaries"]
+    assert summaries and max(s["values"]["max_ms"] for s in summaries) >= 25

@@ -97,6 +97,11 @@ def __getattr__(name: str) -> Any:
     module = _ORIGIN.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if module == "_capture":
+        # The wiring: capture never imports export, so the capture API brings the pipeline
+        # with it here, and not with the first span (which may start on the user's event
+        # loop: the export modules take a tenth of a second to import).
+        importlib.import_module(f"{__name__}._pipeline")
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value  # later lookups are plain attribute reads
     return value

@@ -13,9 +13,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapp
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
-# _pipeline is imported with the capture API, not by the first span: that span may start on
-# the user's event loop, and the export modules take a tenth of a second to import.
-from . import _clock, _pipeline, _state
+from . import _clock, _state
 from ._context import CURRENT
 from ._errors import internal_error
 from ._semconv import GENERATOR_CLOSED_EARLY, GENERATOR_ITEMS
@@ -344,7 +342,7 @@ def traced(
             return type(target)(decorate(target.__func__))
         # Decorating happens ahead of the calls (mostly at import time): the export path's
         # start-up is done here, not in the first traced call.
-        _pipeline.prepare_ahead()
+        _state.prepare_ahead()
         return _wrap(
             target,
             CallSite(

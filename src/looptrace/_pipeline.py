@@ -1535,5 +1535,6 @@ __all__ = [
 if isinstance(_state.sink, _state.NullSink) and not (_state.config and _state.config.disabled):
     _state.sink = STARTS_PIPELINE
 _state.config_listeners.append(_wire_lag_monitor)
+_state.prepare_ahead = prepare_ahead
 if _state.config is not None:
     _wire_lag_monitor(_state.config)

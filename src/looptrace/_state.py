@@ -90,6 +90,14 @@ def remove_hooks(
     end_hooks = tuple(h for h in end_hooks if h != end)
 
 
+def _nothing_to_prepare() -> None:
+    pass
+
+
+# What ``@traced`` calls as it decorates: the pipeline puts its start-up here (imports, the
+# redaction patterns), so the first traced call costs what every other call costs.
+prepare_ahead: Callable[[], None] = _nothing_to_prepare
+
 # Told of each configuration applied, after the capture switches: how the stages above capture
 # (the pipeline wires the lag monitor this way) follow it without capture importing them.
 config_listeners: list[Callable[[Config], None]] = []

@@ -45,7 +45,9 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import _clock, _state
+# The pipeline, for its wiring too: the summary spans need its sink even in a program that
+# traces nothing else.
+from . import _clock, _pipeline, _state
 from ._context import CURRENT
 from ._errors import internal_error
 from ._semconv import LOOP_LAG_MAX_MS
@@ -886,9 +888,7 @@ def ensure_from_config(cfg: Config | None = None) -> LagMonitor | None:
     ``configure()`` or at the start of every ``asyncio.run``.
     """
     if cfg is None:
-        from ._pipeline import get_config
-
-        cfg = get_config()
+        cfg = _pipeline.get_config()
     loop = _get_running_loop()
     if loop is None:
         return None
