@@ -9,146 +9,29 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
-from . import _clock, _state
+from . import _state
 from ._context import CURRENT
 from ._errors import internal_error
-from ._semconv import GENERATOR_CLOSED_EARLY, GENERATOR_ITEMS
-from ._span import (
-    CallSite,
-    NonRecordingSpan,
-    RemoteChildSpan,
-    ScopedSpan,
-    Span,
-    SpanContext,
-    SpanKind,
+from ._generators import _wrap_async_generator, _wrap_generator
+from ._span import CallSite, NonRecordingSpan, Span, SpanContext, SpanKind
+from ._start import (
+    _activate,
+    _bridge_exit,
+    _deactivate,
+    start_root,
+    start_scoped_span,
+    start_span,
 )
+
+__all__ = ["span", "start_root", "start_scoped_span", "start_span", "traced"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
-
-_MASK64 = (1 << 64) - 1
-_current_get = CURRENT.get
-
-
-def start_span(
-    name: str,
-    attributes: dict[str, Any] | None = None,
-    parent: Span | None = None,
-    kind: int = 1,
-) -> Span:
-    """Create (but do not activate) a span under ``parent`` or the active span."""
-    if parent is None:
-        parent = _current_get()
-        bridge = _state.bridge
-        if bridge is not None:
-            parent = bridge.parent(parent)
-    if parent is None:
-        trace_id = _clock.new_trace_id()
-        if (trace_id & _MASK64) >= _state.sample_threshold:
-            return NonRecordingSpan(trace_id, _clock.new_span_id())
-        span = Span(name, trace_id, _clock.new_span_id(), 0, _clock.now_ns(), attributes, "", kind)
-        _report_start(span)
-    elif not parent.is_recording:
-        # Unsampled or suppressed: children share the non-recording parent, at no cost.
-        return parent
-    else:
-        remote = parent.is_remote  # the parent lives in another process (from extract)
-        span = (RemoteChildSpan if remote else Span)(
-            name,
-            parent.trace_id,
-            _clock.new_span_id(),
-            parent.span_id,
-            _clock.now_ns(),
-            attributes,
-            parent.trace_state,
-            kind,
-        )
-        if remote:
-            _report_start(span)  # the local root of a distributed trace
-    if _state.start_hooks:
-        for hook in _state.start_hooks:
-            try:
-                hook(span)
-            except Exception as exc:
-                internal_error("span.start_hook", exc)
-    return span
-
-
-def start_scoped_span(
-    name: str,
-    attributes: dict[str, Any] | None,
-    parent: Span | None,
-    kind: int,
-    scope: tuple[str, str] | None,
-    start_ns: int | None = None,
-) -> Span:
-    """:func:`start_span` for a span made through another tracing API: under ``parent``
-    exactly (None: a new trace), exported under ``scope``, started at ``start_ns``."""
-    if start_ns is None:
-        start_ns = _clock.now_ns()
-    if parent is None:
-        trace_id = _clock.new_trace_id()
-        if (trace_id & _MASK64) >= _state.sample_threshold:
-            return NonRecordingSpan(trace_id, _clock.new_span_id())
-        span: Span = ScopedSpan(
-            name, trace_id, _clock.new_span_id(), 0, start_ns, attributes, "", kind, scope, False
-        )
-        _report_start(span)
-    elif not parent.is_recording:
-        return parent
-    else:
-        remote = parent.is_remote
-        span = ScopedSpan(
-            name,
-            parent.trace_id,
-            _clock.new_span_id(),
-            parent.span_id,
-            start_ns,
-            attributes,
-            parent.trace_state,
-            kind,
-            scope,
-            remote,
-        )
-        if remote:
-            _report_start(span)
-    if _state.start_hooks:
-        for hook in _state.start_hooks:
-            try:
-                hook(span)
-            except Exception as exc:
-                internal_error("span.start_hook", exc)
-    return span
-
-
-def start_root(name: str, attributes: dict[str, Any] | None = None) -> Span:
-    """A span that starts a new trace, whatever span is active (in either API)."""
-    return start_scoped_span(name, attributes, None, SpanKind.INTERNAL, None)
-
-
-def _activate(span: Span) -> tuple[Any, Any, Any]:
-    """Make ``span`` the active span (in the bridged API's context too, when there is one)."""
-    bridge = _state.bridge
-    return CURRENT.set(span), bridge, bridge.enter(span) if bridge is not None else None
-
-
-def _deactivate(tokens: tuple[Any, Any, Any]) -> None:
-    token, bridge, bridged = tokens
-    if bridge is not None:
-        _bridge_exit(bridge, bridged)
-    CURRENT.reset(token)
-
-
-def _report_start(root: Span) -> None:
-    try:
-        _state.sink.on_start(root)
-    except Exception as exc:
-        internal_error("span.start", exc)
 
 
 class span:
@@ -451,145 +334,3 @@ def _wrap(fn: Callable[..., Any], site: CallSite) -> Callable[..., Any]:
             s.end()
 
     return sync_wrapper
-
-
-def _bridge_exit(bridge: _state.ContextBridge, token: object) -> None:
-    try:
-        bridge.exit(token)
-    except Exception as exc:
-        internal_error("span.bridge_exit", exc)
-
-
-def _finish_items(s: Span, items: list[Any], count: int, keep: bool) -> None:
-    if s.is_recording:
-        if keep:
-            s.output = items
-        s.set_attribute(GENERATOR_ITEMS, count)
-
-
-def _wrap_generator(
-    fn: Callable[..., Generator[Any, Any, Any]],
-    begin: Callable[[tuple[Any, ...], dict[str, Any]], Span],
-    keep_output: Callable[[], bool],
-) -> Callable[..., Generator[Any, Any, Any]]:
-    @functools.wraps(fn)
-    def gen_wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
-        if _state.disabled:
-            return (yield from fn(*args, **kwargs))
-        s = begin(args, kwargs)
-        keep = keep_output()
-        limit = _state.max_generator_items
-        items: list[Any] = []
-        count = 0
-        # The span is active only while the generator's own code runs, never between yields,
-        # so the caller's spans do not nest under it.
-        token = _activate(s)
-        try:
-            gen = fn(*args, **kwargs)
-        except BaseException as exc:
-            s.fail(exc)
-            s.end()
-            raise
-        finally:
-            _deactivate(token)
-        send: Callable[[Any], Any] = gen.send
-        value: Any = None
-        try:
-            while True:
-                token = _activate(s)
-                try:
-                    item = send(value)
-                except StopIteration as stop:
-                    return stop.value
-                finally:
-                    _deactivate(token)
-                count += 1
-                if keep and len(items) < limit:
-                    items.append(item)
-                try:
-                    value = yield item
-                    send = gen.send
-                except GeneratorExit:
-                    s.set_attribute(GENERATOR_CLOSED_EARLY, True)
-                    token = _activate(s)
-                    try:
-                        gen.close()
-                    finally:
-                        _deactivate(token)
-                    raise
-                except BaseException as exc:
-                    send, value = gen.throw, exc
-        except GeneratorExit:
-            raise
-        except BaseException as exc:
-            s.fail(exc)
-            raise
-        finally:
-            _finish_items(s, items, count, keep)
-            s.end()
-
-    return gen_wrapper
-
-
-def _wrap_async_generator(
-    fn: Callable[..., AsyncGenerator[Any, Any]],
-    begin: Callable[[tuple[Any, ...], dict[str, Any]], Span],
-    keep_output: Callable[[], bool],
-) -> Callable[..., AsyncGenerator[Any, Any]]:
-    @functools.wraps(fn)
-    async def agen_wrapper(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
-        if _state.disabled:
-            agen0 = fn(*args, **kwargs)
-            try:
-                async for item in agen0:
-                    yield item
-            finally:
-                await agen0.aclose()
-            return
-        s = begin(args, kwargs)
-        keep = keep_output()
-        limit = _state.max_generator_items
-        items: list[Any] = []
-        count = 0
-        token = _activate(s)
-        try:
-            agen = fn(*args, **kwargs)
-        finally:
-            _deactivate(token)
-        send: Callable[[Any], Awaitable[Any]] = agen.asend
-        value: Any = None
-        try:
-            while True:
-                token = _activate(s)
-                try:
-                    item = await send(value)
-                except StopAsyncIteration:
-                    return
-                finally:
-                    _deactivate(token)
-                count += 1
-                if keep and len(items) < limit:
-                    items.append(item)
-                try:
-                    value = yield item
-                    send = agen.asend
-                except GeneratorExit:
-                    s.set_attribute(GENERATOR_CLOSED_EARLY, True)
-                    token = _activate(s)
-                    try:
-                        await agen.aclose()
-                    finally:
-                        _deactivate(token)
-                    raise
-                except BaseException as exc:
-                    send, value = agen.athrow, exc
-        except GeneratorExit:
-            raise
-        except BaseException as exc:
-            s.fail(exc)
-            raise
-        finally:
-            _finish_items(s, items, count, keep)
-            s.end()
-
-    return agen_wrapper

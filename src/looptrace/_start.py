@@ -1,0 +1,141 @@
+"""Starting and activating spans: the part of capture every span goes through.
+
+``start_span`` is the hot path's: a span under the active one (or a new, sampled trace), with no
+lock and no I/O. ``start_scoped_span`` is for spans made through another tracing API, under an
+exact parent; ``start_root`` starts a new trace whatever is active.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _clock, _state
+from ._context import CURRENT
+from ._errors import internal_error
+from ._span import NonRecordingSpan, RemoteChildSpan, ScopedSpan, Span, SpanKind
+
+_MASK64 = (1 << 64) - 1
+_current_get = CURRENT.get
+
+
+def start_span(
+    name: str,
+    attributes: dict[str, Any] | None = None,
+    parent: Span | None = None,
+    kind: int = 1,
+) -> Span:
+    """Create (but do not activate) a span under ``parent`` or the active span."""
+    if parent is None:
+        parent = _current_get()
+        bridge = _state.bridge
+        if bridge is not None:
+            parent = bridge.parent(parent)
+    if parent is None:
+        trace_id = _clock.new_trace_id()
+        if (trace_id & _MASK64) >= _state.sample_threshold:
+            return NonRecordingSpan(trace_id, _clock.new_span_id())
+        span = Span(name, trace_id, _clock.new_span_id(), 0, _clock.now_ns(), attributes, "", kind)
+        _report_start(span)
+    elif not parent.is_recording:
+        # Unsampled or suppressed: children share the non-recording parent, at no cost.
+        return parent
+    else:
+        remote = parent.is_remote  # the parent lives in another process (from extract)
+        span = (RemoteChildSpan if remote else Span)(
+            name,
+            parent.trace_id,
+            _clock.new_span_id(),
+            parent.span_id,
+            _clock.now_ns(),
+            attributes,
+            parent.trace_state,
+            kind,
+        )
+        if remote:
+            _report_start(span)  # the local root of a distributed trace
+    if _state.start_hooks:
+        for hook in _state.start_hooks:
+            try:
+                hook(span)
+            except Exception as exc:
+                internal_error("span.start_hook", exc)
+    return span
+
+
+def start_scoped_span(
+    name: str,
+    attributes: dict[str, Any] | None,
+    parent: Span | None,
+    kind: int,
+    scope: tuple[str, str] | None,
+    start_ns: int | None = None,
+) -> Span:
+    """:func:`start_span` for a span made through another tracing API: under ``parent``
+    exactly (None: a new trace), exported under ``scope``, started at ``start_ns``."""
+    if start_ns is None:
+        start_ns = _clock.now_ns()
+    if parent is None:
+        trace_id = _clock.new_trace_id()
+        if (trace_id & _MASK64) >= _state.sample_threshold:
+            return NonRecordingSpan(trace_id, _clock.new_span_id())
+        span: Span = ScopedSpan(
+            name, trace_id, _clock.new_span_id(), 0, start_ns, attributes, "", kind, scope, False
+        )
+        _report_start(span)
+    elif not parent.is_recording:
+        return parent
+    else:
+        remote = parent.is_remote
+        span = ScopedSpan(
+            name,
+            parent.trace_id,
+            _clock.new_span_id(),
+            parent.span_id,
+            start_ns,
+            attributes,
+            parent.trace_state,
+            kind,
+            scope,
+            remote,
+        )
+        if remote:
+            _report_start(span)
+    if _state.start_hooks:
+        for hook in _state.start_hooks:
+            try:
+                hook(span)
+            except Exception as exc:
+                internal_error("span.start_hook", exc)
+    return span
+
+
+def start_root(name: str, attributes: dict[str, Any] | None = None) -> Span:
+    """A span that starts a new trace, whatever span is active (in either API)."""
+    return start_scoped_span(name, attributes, None, SpanKind.INTERNAL, None)
+
+
+def _activate(span: Span) -> tuple[Any, Any, Any]:
+    """Make ``span`` the active span (in the bridged API's context too, when there is one)."""
+    bridge = _state.bridge
+    return CURRENT.set(span), bridge, bridge.enter(span) if bridge is not None else None
+
+
+def _deactivate(tokens: tuple[Any, Any, Any]) -> None:
+    token, bridge, bridged = tokens
+    if bridge is not None:
+        _bridge_exit(bridge, bridged)
+    CURRENT.reset(token)
+
+
+def _report_start(root: Span) -> None:
+    try:
+        _state.sink.on_start(root)
+    except Exception as exc:
+        internal_error("span.start", exc)
+
+
+def _bridge_exit(bridge: _state.ContextBridge, token: object) -> None:
+    try:
+        bridge.exit(token)
+    except Exception as exc:
+        internal_error("span.bridge_exit", exc)
