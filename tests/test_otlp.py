@@ -957,7 +957,9 @@ def test_gzip_output_is_standard_gzip() -> None:
 
 def test_zstd_falls_back_to_gzip_without_zstandard(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without the zstandard package, zstd requests are gzipped and the encoding says so."""
-    monkeypatch.setattr(_otlp, "_zstd", lambda: None)
+    from looptrace._otlp import compression
+
+    monkeypatch.setattr(compression, "_zstd", lambda: None)
     packed, content_encoding = compress(b"x" * 1000, "zstd")
     assert content_encoding == "gzip"
     assert gzip.decompress(packed) == b"x" * 1000
