@@ -46,6 +46,8 @@ EXPECTED = {
     "flush_sync",
     "get_config",
     "inject",
+    "instrument_anthropic",
+    "instrument_openai",
     "run_experiment",
     "shutdown",
     "shutdown_on_signal",
@@ -54,6 +56,8 @@ EXPECTED = {
     "statistics",
     "suppress_tracing",
     "traced",
+    "uninstrument_anthropic",
+    "uninstrument_openai",
 }
 
 
