@@ -8,7 +8,6 @@ user's: this package imports one only when asked to instrument it.
 from __future__ import annotations
 
 import importlib
-import inspect
 from typing import Any
 
 from . import _core
@@ -21,13 +20,11 @@ __all__ = [
 ]
 
 
-def _wrapper(begin: _core.Begin, done: _core.Done) -> _core.Wrap:
-    def wrap(original: Any) -> Any:
-        if inspect.iscoroutinefunction(original):
-            return _core.wrap_async(original, begin, done)
-        return _core.wrap_sync(original, begin, done)
-
-    return wrap
+def _wrapper(cls: type, begin: _core.Begin, done: _core.Done) -> _core.Wrap:
+    # The SDKs' async methods sit under a plain decorator (argument checks), so the class,
+    # not inspect.iscoroutinefunction, says which kind of wrapper a method needs.
+    wrap = _core.wrap_async if cls.__name__.startswith("Async") else _core.wrap_sync
+    return lambda original: wrap(original, begin, done)
 
 
 def _resource(client: Any, path: tuple[str, ...]) -> Any:
@@ -39,7 +36,7 @@ def _resource(client: Any, path: tuple[str, ...]) -> Any:
 
 def _apply(module_name: str, client: Any, on: bool) -> None:
     module = importlib.import_module(f"{__name__}.{module_name}")
-    targets = [(cls, name, _wrapper(b, d), path) for cls, name, b, d, path in module.TARGETS]
+    targets = [(cls, name, _wrapper(cls, b, d), path) for cls, name, b, d, path in module.TARGETS]
     for cls, name, path in getattr(module, "STREAM_TARGETS", ()):
         targets.append((cls, name, module._wrap_stream, path))
     for cls, name, wrap, path in targets:
@@ -88,4 +85,3 @@ def instrument_anthropic(client: Any = None) -> None:
 def uninstrument_anthropic(client: Any = None) -> None:
     """Undo :func:`instrument_anthropic` (for every client, or for the client given)."""
     _apply("_anthropic", client, False)
-

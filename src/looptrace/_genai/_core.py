@@ -23,6 +23,7 @@ from .._errors import internal_error
 from .._span import NonRecordingSpan, Span, SpanKind
 
 # Attribute names (OpenTelemetry GenAI semantic conventions, plus looptrace's own figures).
+# looptrace's own say "chunk", not "token": keys holding the word "token" are redacted at export.
 PROVIDER = "gen_ai.provider.name"
 SYSTEM = "gen_ai.system"
 OPERATION = "gen_ai.operation.name"
@@ -37,12 +38,12 @@ OUTPUT_MESSAGES = "gen_ai.output.messages"
 SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
 TOOL_DEFINITIONS = "gen_ai.tool.definitions"
 FIRST_TOKEN_EVENT = "gen_ai.first_token"
-TTFT_MS = "looptrace.genai.time_to_first_token_ms"
+TTFT_MS = "looptrace.genai.time_to_first_chunk_ms"
 STREAMING = "looptrace.genai.stream"
 STREAM_CLOSED_EARLY = "looptrace.genai.stream.closed_early"
 STREAM_ABANDONED = "looptrace.genai.stream.abandoned"
 BLOCKED_MS = "looptrace.genai.loop_blocked_ms"
-BLOCKED_BEFORE_FIRST_TOKEN_MS = "looptrace.genai.loop_blocked_before_first_token_ms"
+BLOCKED_BEFORE_FIRST_CHUNK_MS = "looptrace.genai.loop_blocked_before_first_chunk_ms"
 
 # Request arguments never recorded: credentials travel in headers, and the others are transport.
 _NOT_RECORDED = frozenset(("extra_headers", "extra_query", "extra_body", "timeout", "api_key"))
@@ -100,7 +101,7 @@ class Call:
             blocked = _blocked_ns()
             if blocked is not None:
                 span.set_attribute(
-                    BLOCKED_BEFORE_FIRST_TOKEN_MS, max(blocked - self.blocked_at_start, 0) / 1e6
+                    BLOCKED_BEFORE_FIRST_CHUNK_MS, max(blocked - self.blocked_at_start, 0) / 1e6
                 )
 
     def end(self, exc: BaseException | None = None) -> None:

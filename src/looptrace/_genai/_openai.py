@@ -82,9 +82,9 @@ def _text_parts(content: Any) -> list[Any]:
     parts: list[Any] = []
     if isinstance(content, (list, tuple)):
         for part in content:
-            if isinstance(part, Mapping) and part.get("type") in ("text", "input_text"):
-                parts.append({"type": "text", "content": part.get("text")})
-            elif isinstance(part, Mapping) and part.get("type") == "output_text":
+            if (isinstance(part, Mapping) and part.get("type") in ("text", "input_text")) or (
+                isinstance(part, Mapping) and part.get("type") == "output_text"
+            ):
                 parts.append({"type": "text", "content": part.get("text")})
             else:
                 parts.append(part)
@@ -231,11 +231,13 @@ class _ChatStream(Recorder):
         span = call.span
         span.set_attribute(RESPONSE_ID, self.id)
         span.set_attribute(RESPONSE_MODEL, self.model)
-        span.set_attribute(FINISH_REASONS, [self.finish_reasons[i] for i in sorted(self.finish_reasons)])
+        span.set_attribute(
+            FINISH_REASONS, [self.finish_reasons[i] for i in sorted(self.finish_reasons)]
+        )
         _usage(span, self.usage, "prompt_tokens", "completion_tokens")
         if not call.content:
             return
-        messages = []
+        messages: list[dict[str, Any]] = []
         for index in sorted(self.texts.keys() | self.tools.keys()):
             text = "".join(self.texts.get(index, ()))
             parts: list[Any] = [{"type": "text", "content": text}] if text else []
@@ -271,7 +273,7 @@ def _responses_input(value: Any) -> list[dict[str, Any]] | None:
         return [{"role": "user", "parts": [{"type": "text", "content": value}]}]
     if not isinstance(value, (list, tuple)):
         return None
-    out = []
+    out: list[dict[str, Any]] = []
     for item in value:
         if not isinstance(item, Mapping):
             out.append({"role": None, "parts": [item]})
