@@ -796,6 +796,13 @@ class Store:
             "WHERE experiment_id = ? AND case_index IS NOT NULL GROUP BY trace_id, case_index)",
             (exp_id,),
         ).fetchone()
+        tokens_in, tokens_out = conn.execute(
+            "SELECT coalesce(sum(i), 0), coalesce(sum(o), 0) FROM ("
+            "SELECT min(start_ns), json_extract(attributes, ?) AS i, "
+            "json_extract(attributes, ?) AS o FROM spans "
+            "WHERE experiment_id = ? AND case_index IS NOT NULL GROUP BY trace_id, case_index)",
+            (f'$."{sc.CASE_INPUT_TOKENS}"', f'$."{sc.CASE_OUTPUT_TOKENS}"', exp_id),
+        ).fetchone()
         scores = {
             name: {"mean": mean, "min": lo, "max": hi, "count": n}
             for name, mean, lo, hi, n in conn.execute(
@@ -812,6 +819,8 @@ class Store:
             "tags": _loads(row[4]),
             "case_count": cases,
             "error_count": errors,
+            "input_tokens": tokens_in,
+            "output_tokens": tokens_out,
             "scores": scores,
         }
 
@@ -830,6 +839,7 @@ class Store:
                 "SELECT min(start_ns), trace_id, span_id, case_index, name, end_ns, duration_ns, "
                 f"status_code, status_message, substr(input, 1, {n}), substr(output, 1, {n}), "
                 "json_extract(attributes, ?), in_progress, json_extract(attributes, ?), "
+                "json_extract(attributes, ?), json_extract(attributes, ?), "
                 "json_extract(attributes, ?) FROM spans "
                 "WHERE experiment_id = ? AND case_index IS NOT NULL "
                 "GROUP BY trace_id, case_index ORDER BY case_index, min(start_ns)",
@@ -837,6 +847,8 @@ class Store:
                     f'$."{sc.EXPECTED_VALUE}"',
                     f'$."{sc.CASE_REPETITION}"',
                     f'$."{sc.CASE_ERROR}"',
+                    f'$."{sc.CASE_INPUT_TOKENS}"',
+                    f'$."{sc.CASE_OUTPUT_TOKENS}"',
                     experiment_id,
                 ),
             ).fetchall()
@@ -871,6 +883,8 @@ class Store:
                 "in_progress": bool(r[12]),
                 "scores": scores.get((r[1], r[3]), {}),
                 "comments": comments.get((r[1], r[3]), {}),
+                "input_tokens": r[15],
+                "output_tokens": r[16],
             }
             for r in case_rows
         ]
