@@ -26,6 +26,7 @@ class FakeLlmServer:
     def __init__(self, reply: str = "Hello from the fake model") -> None:
         self.reply = reply
         self.requests: list[tuple[str, dict[str, str], Any]] = []
+        self.keep_requests = True
         self._gate = threading.Event()
         self._gate.set()
         self.first_chunk_sent = threading.Event()
@@ -66,14 +67,20 @@ class FakeLlmServer:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body go out as separate writes
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
-                fake.requests.append((self.path, dict(self.headers), body))
+                raw = self.rfile.read(length)
+                if self.path == "/v1/traces":
+                    fake._handle(self, {})
+                    return
+                body = json.loads(raw or b"{}")
+                if fake.keep_requests:
+                    fake.requests.append((self.path, dict(self.headers), body))
                 try:
                     fake._handle(self, body)
                 except (BrokenPipeError, ConnectionResetError):
@@ -99,6 +106,12 @@ class FakeLlmServer:
 
     def _handle(self, h: http.server.BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
         path = h.path
+        if path == "/v1/traces":  # a span sink for benchmarks: accept and discard
+            h.send_response(200)
+            h.send_header("content-type", "application/x-protobuf")
+            h.send_header("content-length", "0")
+            h.end_headers()
+            return
         model = str(body.get("model", ""))
         anthropic = path.startswith("/v1/messages")
         if "bad-request" in model or "rate-limited" in model:
@@ -400,3 +413,17 @@ def attributes(span: Any) -> dict[str, Any]:
 
 def events(span: Any) -> list[str]:
     return [e.name for e in span.events]
+
+
+def main() -> None:
+    """Serve in a process of its own (benchmarks): print the port, stop when stdin closes."""
+    import sys
+
+    with FakeLlmServer() as server:
+        server.keep_requests = False
+        print(server.port, flush=True)
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    main()
