@@ -734,13 +734,15 @@ class Store:
         """What a span tree shows, and nothing more (no JSON columns are parsed): per span,
         ``span_id``, ``parent_span_id``, ``name``, ``start_ns``, ``duration_ns``, ``status``,
         ``status_message``, ``lag_max_ms``, ``in_progress``, ``input``/``output`` previews and
-        ``events`` (parsed only for the spans that have any), ordered by start time.
+        ``events`` (parsed only for the spans that have any), and ``attributes`` for LLM calls
+        only (spans with GenAI attributes; others get an empty dict), ordered by start time.
         ``looptrace show`` on 10,000 spans reads this."""
         n = int(preview)
         sql = (
             "SELECT span_id, parent_span_id, name, start_ns, duration_ns, status_code, "
             f"status_message, lag_max_ms, in_progress, substr(input, 1, {n}), "
-            f"substr(output, 1, {n}), CASE WHEN events = '[]' THEN NULL ELSE events END "
+            f"substr(output, 1, {n}), CASE WHEN events = '[]' THEN NULL ELSE events END, "
+            "CASE WHEN instr(attributes, '\"gen_ai.operation.name\"') > 0 THEN attributes END "
             "FROM spans WHERE trace_id = ? ORDER BY start_ns, span_id"
         )
         with self._reader() as conn:
@@ -758,6 +760,7 @@ class Store:
                     "input": r[9],
                     "output": r[10],
                     "events": _loads(r[11]) if r[11] is not None else [],
+                    "attributes": _loads(r[12]) if r[12] is not None else {},
                 }
                 for r in conn.execute(sql, (trace_id,))
             ]
