@@ -83,11 +83,30 @@ def _span(
 _OLD = time.time_ns() - 3600 * 10**9
 XSS_TRACE = f"{0xA1:032x}"
 OPEN_TRACE = f"{0xA2:032x}"
+LLM_TRACE = f"{0xA3:032x}"
+LLM_ATTRIBUTES = {
+    "gen_ai.provider.name": "openai",
+    "gen_ai.operation.name": "chat",
+    "gen_ai.request.model": "gpt-4o",
+    "gen_ai.response.model": "gpt-4o-2024",
+    "gen_ai.usage.input_tokens": 12,
+    "gen_ai.usage.output_tokens": 7,
+    "gen_ai.response.finish_reasons": ["tool_calls"],
+    "looptrace.genai.time_to_first_chunk_ms": 42.5,
+    "gen_ai.system_instructions": '[{"type": "text", "content": "Be terse."}]',
+    "gen_ai.input.messages": '[{"role": "user", "parts": [{"type": "text", "content": '
+    '"Weather in Paris?"}]}]',
+    "gen_ai.output.messages": '[{"role": "assistant", "parts": [{"type": "tool_call", "id": '
+    '"call_1", "name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}], '
+    '"finish_reason": "tool_calls"}]',
+}
 
 
 def _extra_spans() -> list[DecodedSpan]:
     ms = 10**6
     return [
+        _span(0xA3, 1, None, "agent", _OLD + 40 * ms, _OLD + 50 * ms),
+        _span(0xA3, 2, 1, "chat gpt-4o", _OLD + 41 * ms, _OLD + 49 * ms, attributes=LLM_ATTRIBUTES),
         _span(0xA1, 1, None, XSS_NAME, _OLD, _OLD + 5 * ms, attributes={"note": XSS_ATTR}),
         _span(
             0xA1,
@@ -345,6 +364,31 @@ def test_a_trace_past_the_read_cap_says_it_was_cut(
             assert f"first 3 of {trace['span_count']} spans" in banner
         finally:
             context.close()
+
+
+@browser_test
+@needs_chromium
+def test_an_llm_span_shows_model_tokens_and_the_conversation(page: Any) -> None:
+    """A span with GenAI attributes shows model, tokens and time to first chunk, then the
+    conversation by role (system, user, the assistant's tool call); the message attributes are
+    not repeated in the attribute table."""
+    _open(page, f"/traces/{LLM_TRACE}#span={2:016x}")
+    panel = page.locator("#span-panel")
+    panel.locator(".conversation").wait_for()
+    facts = panel.locator("dl.kv").nth(1).inner_text()
+    assert "openai gpt-4o-2024" in facts
+    assert "12 in · 7 out" in facts
+    assert "42.5 ms" in facts
+    roles = panel.locator(".conversation .msg")
+    assert roles.count() == 3
+    assert [roles.nth(i).get_attribute("class") for i in range(3)] == [
+        "msg role-system",
+        "msg role-user",
+        "msg role-assistant",
+    ]
+    assert "Weather in Paris?" in roles.nth(1).inner_text()
+    assert 'get_weather({"city": "Paris"})' in roles.nth(2).inner_text()
+    assert "gen_ai.input.messages" not in panel.locator("table.attributes").inner_text()
 
 
 @browser_test
