@@ -59,6 +59,7 @@ __all__ = [
     "LagMonitor",
     "LagSnapshot",
     "active_monitor",
+    "blocked_ns",
     "ensure_from_config",
     "finish_windows",
 ]
