@@ -212,6 +212,10 @@ def stalls(port: int, rounds: int, calls: int) -> tuple[float, float]:
         f"max): plain {p:.2f} / {max(plain_lags):.2f} ms  instrumented {t:.2f} / "
         f"{max(traced_lags):.2f} ms"
     )
+    print(
+        f"    rounds: plain {[round(x, 2) for x in plain_lags]}"
+        f"  instrumented {[round(x, 2) for x in traced_lags]}"
+    )
     cost, _ = caller_path_costs(prompt)
     print(f"  the wrapper's own work on the caller's path for a 2 MB prompt: {cost:.1f} us")
     return p, t
