@@ -216,6 +216,11 @@ def stalls(port: int, rounds: int, calls: int) -> tuple[float, float]:
         f"    rounds: plain {[round(x, 2) for x in plain_lags]}"
         f"  instrumented {[round(x, 2) for x in traced_lags]}"
     )
+    offload = looptrace.statistics().offload
+    print(
+        f"    spans serialized in a worker process: {offload.offloaded}"
+        f" (fallbacks to inline: {sum(offload.fallbacks.values())})"
+    )
     cost, _ = caller_path_costs(prompt)
     print(f"  the wrapper's own work on the caller's path for a 2 MB prompt: {cost:.1f} us")
     return p, t
