@@ -399,3 +399,34 @@ async def test_loop_blocking_during_a_stream_is_on_the_span(
     before = attrs["looptrace.genai.loop_blocked_before_first_chunk_ms"]
     assert blocked >= 40
     assert before < blocked - 40
+
+
+def test_a_failure_inside_the_instrumentation_never_reaches_the_caller(
+    llm: FakeLlmServer, otlp: OtlpTestServer, instrumented: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If looptrace's own bookkeeping fails (reading a chunk, or starting the span), the call
+    and the stream work as without tracing, and each failure is counted, not raised."""
+    from looptrace import _errors
+    from looptrace._genai import _core, _openai
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("bookkeeping bug")
+
+    monkeypatch.setattr(_errors, "raise_internal_errors", False)
+    monkeypatch.setattr(_openai._ChatStream, "on_chunk", broken)
+    api = client(llm)
+    with looptrace.span("caller"):
+        stream = api.chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True)
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        # A client whose span cannot even start: the call goes through untraced.
+        _core.patch_instance(
+            api.chat.completions,
+            "create",
+            lambda original: _core.wrap_sync(original, broken, _openai._done_chat),
+        )
+        plain = api.chat.completions.create(model="untraced", messages=MESSAGES)
+    assert text == llm.reply
+    assert plain.choices[0].message.content == llm.reply
+    assert _errors.counts["genai.stream.chunk"] == len(llm.pieces()) + 2
+    assert _errors.counts["genai.begin"] == 1
+    assert_child_of_caller(received(otlp, 2), "chat gpt-4o")
