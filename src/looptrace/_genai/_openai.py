@@ -160,7 +160,7 @@ def _done_chat(call: Call, kwargs: dict[str, Any], result: Any) -> Any:
     span.set_attribute(RESPONSE_ID, getattr(result, "id", None) or "")
     span.set_attribute(RESPONSE_MODEL, getattr(result, "model", None) or "")
     choices = getattr(result, "choices", None) or ()
-    span.set_attribute(FINISH_REASONS, [str(c.finish_reason) for c in choices])
+    span.set_attribute(FINISH_REASONS, [str(c.finish_reason) for c in choices if c.finish_reason])
     _usage(span, getattr(result, "usage", None), "prompt_tokens", "completion_tokens")
     if call.content:
         messages = []
