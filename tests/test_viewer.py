@@ -84,6 +84,7 @@ _OLD = time.time_ns() - 3600 * 10**9
 XSS_TRACE = f"{0xA1:032x}"
 OPEN_TRACE = f"{0xA2:032x}"
 LLM_TRACE = f"{0xA3:032x}"
+TOKENS_EXPERIMENT = f"{0xE7:032x}"
 LLM_ATTRIBUTES = {
     "gen_ai.provider.name": "openai",
     "gen_ai.operation.name": "chat",
@@ -102,9 +103,28 @@ LLM_ATTRIBUTES = {
 }
 
 
+def _token_experiment() -> list[DecodedSpan]:
+    """An experiment whose cases made LLM calls: token totals on each case span."""
+    ms = 10**6
+    common = {sc.EXPERIMENT_ID: TOKENS_EXPERIMENT, sc.EXPERIMENT_NAME: "llm-tokens"}
+    out = [_span(0xE7, 1, None, "llm-tokens", _OLD - 10 * ms, _OLD, attributes=common)]
+    for i in range(2):
+        attrs = {
+            **common,
+            sc.CASE_INDEX: i,
+            sc.CASE_REPETITION: 0,
+            sc.CASE_INPUT_TOKENS: 10 * (i + 1),
+            sc.CASE_OUTPUT_TOKENS: i + 1,
+        }
+        start = _OLD - 9 * ms + i * ms
+        out.append(_span(0xE70 + i, 1, None, f"case {i}", start, start + ms, attributes=attrs))
+    return out
+
+
 def _extra_spans() -> list[DecodedSpan]:
     ms = 10**6
     return [
+        *_token_experiment(),
         _span(0xA3, 1, None, "agent", _OLD + 40 * ms, _OLD + 50 * ms),
         _span(0xA3, 2, 1, "chat gpt-4o", _OLD + 41 * ms, _OLD + 49 * ms, attributes=LLM_ATTRIBUTES),
         _span(0xA1, 1, None, XSS_NAME, _OLD, _OLD + 5 * ms, attributes={"note": XSS_ATTR}),
@@ -389,6 +409,23 @@ def test_an_llm_span_shows_model_tokens_and_the_conversation(page: Any) -> None:
     assert "Weather in Paris?" in roles.nth(1).inner_text()
     assert 'get_weather({"city": "Paris"})' in roles.nth(2).inner_text()
     assert "gen_ai.input.messages" not in panel.locator("table.attributes").inner_text()
+
+
+@browser_test
+@needs_chromium
+def test_an_experiment_with_llm_calls_shows_its_token_totals(page: Any, store: Store) -> None:
+    """An experiment whose cases used LLM tokens shows the totals in a card and each case's
+    tokens in a column of its own."""
+    full = store.get_experiment(TOKENS_EXPERIMENT)
+    assert full is not None
+    assert (full["input_tokens"], full["output_tokens"]) == (30, 3)
+    _open(page, f"/experiments/{TOKENS_EXPERIMENT}")
+    assert page.locator(".card[data-tokens]").inner_text().endswith("30 in · 3 out")
+    assert "Tokens in / out" in page.locator("table.cases thead").inner_text()
+    cells = page.locator("table.cases tbody tr")
+    assert cells.count() == 2
+    assert "10 / 1" in cells.nth(0).inner_text()
+    assert "20 / 2" in cells.nth(1).inner_text()
 
 
 @browser_test
