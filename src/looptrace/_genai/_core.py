@@ -20,7 +20,7 @@ from .. import _clock, _state
 from .._capture import start_span
 from .._context import CURRENT
 from .._errors import internal_error
-from .._span import NonRecordingSpan, Span, SpanKind
+from .._span import Span, SpanKind
 
 # Attribute names (OpenTelemetry GenAI semantic conventions, plus looptrace's own figures).
 # looptrace's own say "chunk", not "token": keys holding the word "token" are redacted at export.
@@ -63,7 +63,11 @@ def _blocked_ns() -> int | None:
     monitor = sys.modules.get("looptrace.monitor")
     if monitor is None:
         return None
-    value: int | None = monitor.blocked_ns()
+    try:
+        value: int | None = monitor.blocked_ns()
+    except Exception as exc:  # called from the caller's exception handlers: never raise there
+        internal_error("genai.loop_blocked", exc)
+        return None
     return value
 
 
@@ -153,9 +157,12 @@ class Recorder:
 
     def abandon(self) -> None:
         """The stream was garbage-collected before it ended."""
-        if not self.call.done:
-            self.call.span.set_attribute(STREAM_ABANDONED, True)
-            self.finish(early=True)
+        try:
+            if not self.call.done:
+                self.call.span.set_attribute(STREAM_ABANDONED, True)
+                self.finish(early=True)
+        except Exception as exc:  # a finalizer: nobody to raise to
+            internal_error("genai.stream.abandon", exc)
 
 
 def _finalizer(owner: object, recorder: Recorder) -> None:
@@ -370,10 +377,6 @@ def unpatch_instance(resource: object, name: str) -> None:
         current = resource.__dict__.get(name)
         if getattr(current, "__looptrace_original__", None) is not None:
             del resource.__dict__[name]
-
-
-def is_noop(span: Span) -> bool:
-    return isinstance(span, NonRecordingSpan)
 
 
 def set_if(attributes: dict[str, Any], key: str, value: Any) -> None:
