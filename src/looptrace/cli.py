@@ -366,6 +366,8 @@ def _show_experiment(exp: dict[str, Any], as_json: bool) -> None:
         f"experiment {exp['name']}  id {exp['id']}  {fmt_time(exp['created_ns'])}  "
         f"{exp['case_count']} cases, {exp['error_count']} failed"
     )
+    if exp.get("input_tokens") or exp.get("output_tokens"):
+        click.echo(f"  LLM tokens: {exp['input_tokens']} in / {exp['output_tokens']} out")
     for name, agg in exp["scores"].items():
         click.echo(
             f"  {name}: mean {agg['mean']:.3g}  min {agg['min']:.3g}  max {agg['max']:.3g}  "
