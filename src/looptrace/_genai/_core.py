@@ -12,7 +12,6 @@ import functools
 import sys
 import threading
 import types
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -137,12 +136,6 @@ class Recorder:
         """Set what the whole stream says (text, tool calls, usage) on the span."""
         raise NotImplementedError
 
-    def chunk(self, chunk: Any) -> None:
-        try:
-            self.on_chunk(chunk)
-        except Exception as exc:
-            internal_error("genai.stream.chunk", exc)
-
     def finish(self, exc: BaseException | None = None, early: bool = False) -> None:
         call = self.call
         if call.done:
@@ -165,22 +158,25 @@ class Recorder:
             internal_error("genai.stream.abandon", exc)
 
 
-def _finalizer(owner: object, recorder: Recorder) -> None:
-    finalizer = weakref.finalize(owner, recorder.abandon)
-    finalizer.atexit = False  # at exit the pipeline is already gone: nothing to report to
-
-
 class SyncStream:
     """Iterates the SDK's stream for the caller, recording each chunk; everything else (the
     response, headers, helpers) is the SDK stream's own, reached through attribute access."""
 
-    __slots__ = ("__weakref__", "_it", "_recorder", "_stream")
+    __slots__ = ("__weakref__", "_it", "_on_chunk", "_recorder", "_stream")
 
     def __init__(self, stream: Any, recorder: Recorder) -> None:
         self._stream = stream
         self._recorder = recorder
+        self._on_chunk = recorder.on_chunk
         self._it: Iterator[Any] | None = None
-        _finalizer(self, recorder)
+
+    def __del__(self) -> None:
+        # Abandoned (collected before its end or a close): the span ends here. A __del__ costs
+        # nothing per stream, where a weakref.finalize would be registered for every one.
+        try:
+            self._recorder.abandon()
+        except Exception:
+            pass
 
     def __iter__(self) -> SyncStream:
         return self
@@ -197,7 +193,10 @@ class SyncStream:
         except BaseException as exc:
             self._recorder.finish(exc)
             raise
-        self._recorder.chunk(chunk)
+        try:
+            self._on_chunk(chunk)
+        except Exception as exc:
+            internal_error("genai.stream.chunk", exc)
         return chunk
 
     def close(self) -> None:
@@ -222,13 +221,19 @@ class SyncStream:
 class AsyncStream:
     """The asynchronous counterpart of :class:`SyncStream`."""
 
-    __slots__ = ("__weakref__", "_it", "_recorder", "_stream")
+    __slots__ = ("__weakref__", "_it", "_on_chunk", "_recorder", "_stream")
 
     def __init__(self, stream: Any, recorder: Recorder) -> None:
         self._stream = stream
         self._recorder = recorder
+        self._on_chunk = recorder.on_chunk
         self._it: Any = None
-        _finalizer(self, recorder)
+
+    def __del__(self) -> None:
+        try:
+            self._recorder.abandon()
+        except Exception:
+            pass
 
     def __aiter__(self) -> AsyncStream:
         return self
@@ -245,7 +250,10 @@ class AsyncStream:
         except BaseException as exc:
             self._recorder.finish(exc)
             raise
-        self._recorder.chunk(chunk)
+        try:
+            self._on_chunk(chunk)
+        except Exception as exc:
+            internal_error("genai.stream.chunk", exc)
         return chunk
 
     async def close(self) -> None:

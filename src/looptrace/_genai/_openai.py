@@ -46,23 +46,32 @@ def _base(operation: str, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return (f"{operation} {model}" if model else operation), attributes
 
 
+# Request arguments recorded as attributes (the GenAI name of each).
+_PARAMETERS = {
+    "temperature": "gen_ai.request.temperature",
+    "top_p": "gen_ai.request.top_p",
+    "max_tokens": "gen_ai.request.max_tokens",
+    "max_completion_tokens": "gen_ai.request.max_tokens",
+    "max_output_tokens": "gen_ai.request.max_tokens",
+    "frequency_penalty": "gen_ai.request.frequency_penalty",
+    "presence_penalty": "gen_ai.request.presence_penalty",
+    "seed": "gen_ai.request.seed",
+    "n": "gen_ai.request.choice.count",
+    "stop": "gen_ai.request.stop_sequences",
+}
+
+
 def _sampling(attributes: dict[str, Any], kwargs: dict[str, Any]) -> None:
-    get = kwargs.get
-    set_if(attributes, "gen_ai.request.temperature", get("temperature"))
-    set_if(attributes, "gen_ai.request.top_p", get("top_p"))
-    max_tokens = get("max_completion_tokens") or get("max_tokens") or get("max_output_tokens")
-    set_if(attributes, "gen_ai.request.max_tokens", max_tokens)
-    set_if(attributes, "gen_ai.request.frequency_penalty", get("frequency_penalty"))
-    set_if(attributes, "gen_ai.request.presence_penalty", get("presence_penalty"))
-    set_if(attributes, "gen_ai.request.seed", get("seed"))
-    set_if(attributes, "gen_ai.request.choice.count", get("n"))
-    stop = get("stop")
-    set_if(attributes, "gen_ai.request.stop_sequences", [stop] if isinstance(stop, str) else stop)
-    tools = get("tools")
-    if isinstance(tools, (list, tuple)) and tools:
-        attributes[TOOL_DEFINITIONS] = list(tools)
-    if get("stream") is True:
-        attributes[STREAMING] = True
+    # One pass over the arguments given (a handful), not a lookup per parameter known.
+    for key, value in kwargs.items():
+        name = _PARAMETERS.get(key)
+        if name is not None:
+            set_if(attributes, name, [value] if key == "stop" and type(value) is str else value)
+        elif key == "tools":
+            if isinstance(value, (list, tuple)) and value:
+                attributes[TOOL_DEFINITIONS] = list(value)
+        elif key == "stream" and value is True:
+            attributes[STREAMING] = True
 
 
 def _usage(span: Any, usage: Any, input_name: str, output_name: str) -> None:
