@@ -430,3 +430,25 @@ def test_a_failure_inside_the_instrumentation_never_reaches_the_caller(
     assert _errors.counts["genai.stream.chunk"] == len(llm.pieces()) + 2
     assert _errors.counts["genai.begin"] == 1
     assert_child_of_caller(received(otlp, 2), "chat gpt-4o")
+
+
+async def test_an_async_stream_closed_early_ends_its_span(
+    llm: FakeLlmServer, otlp: OtlpTestServer, instrumented: None
+) -> None:
+    """``await stream.close()`` in the middle of an async stream ends the span there (closed
+    early, the text so far), and iterating afterwards ends at once."""
+    llm.hold()
+    async with looptrace.span("caller"):
+        stream = await async_client(llm).chat.completions.create(
+            model="gpt-4o", messages=MESSAGES, stream=True
+        )
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                break
+        await stream.close()
+        assert [c async for c in stream] == []
+    llm.release()
+    await looptrace.flush(5)
+    attrs = assert_child_of_caller(received(otlp, 2), "chat gpt-4o")
+    assert attrs["looptrace.genai.stream.closed_early"] is True
+    assert attrs["output.value"]["content"] == llm.pieces()[0]

@@ -12,7 +12,7 @@ import functools
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from typing import Any
 
 from .. import _clock, _state
@@ -158,17 +158,35 @@ class Recorder:
             internal_error("genai.stream.abandon", exc)
 
 
+def _record(stream: Any, recorder: Recorder) -> Generator[Any, None, None]:
+    """Yield the stream's chunks, recording each; the stream's end or error ends the span.
+    (A function of its own, so the generator holds no reference to the proxy.)"""
+    on_chunk = recorder.on_chunk
+    try:
+        for chunk in stream:
+            try:
+                on_chunk(chunk)
+            except Exception as exc:
+                internal_error("genai.stream.chunk", exc)
+            yield chunk
+    except GeneratorExit:
+        raise  # the proxy was closed or dropped: close() and __del__ end the span
+    except BaseException as exc:
+        recorder.finish(exc)
+        raise
+    recorder.finish()
+
+
 class SyncStream:
     """Iterates the SDK's stream for the caller, recording each chunk; everything else (the
     response, headers, helpers) is the SDK stream's own, reached through attribute access."""
 
-    __slots__ = ("__weakref__", "_it", "_on_chunk", "_recorder", "_stream")
+    __slots__ = ("__weakref__", "_it", "_recorder", "_stream")
 
     def __init__(self, stream: Any, recorder: Recorder) -> None:
         self._stream = stream
         self._recorder = recorder
-        self._on_chunk = recorder.on_chunk
-        self._it: Iterator[Any] | None = None
+        self._it: Generator[Any, None, None] | None = None
 
     def __del__(self) -> None:
         # Abandoned (collected before its end or a close): the span ends here. A __del__ costs
@@ -178,32 +196,28 @@ class SyncStream:
         except Exception:
             pass
 
-    def __iter__(self) -> SyncStream:
-        return self
-
-    def __next__(self) -> Any:
+    def __iter__(self) -> Generator[Any, None, None]:
+        # A generator, not this object: a for loop then resumes it without a Python-level
+        # __next__ call per chunk.
         it = self._it
         if it is None:
-            it = self._it = iter(self._stream)
-        try:
-            chunk = next(it)
-        except StopIteration:
-            self._recorder.finish()
-            raise
-        except BaseException as exc:
-            self._recorder.finish(exc)
-            raise
-        try:
-            self._on_chunk(chunk)
-        except Exception as exc:
-            internal_error("genai.stream.chunk", exc)
-        return chunk
+            it = self._it = _record(self._stream, self._recorder)
+        return it
+
+    def __next__(self) -> Any:
+        return next(self.__iter__())
 
     def close(self) -> None:
         try:
             self._stream.close()
         finally:
             self._recorder.finish(early=True)
+            it = self._it
+            if it is not None:
+                try:
+                    it.close()
+                except Exception as exc:  # already running (closed from inside the loop)
+                    internal_error("genai.stream.close", exc)
 
     def __enter__(self) -> SyncStream:
         return self
@@ -218,16 +232,33 @@ class SyncStream:
         return f"<looptrace stream over {self._stream!r}>"
 
 
+async def _arecord(stream: Any, recorder: Recorder) -> AsyncGenerator[Any, None]:
+    """The asynchronous counterpart of :func:`_record`."""
+    on_chunk = recorder.on_chunk
+    try:
+        async for chunk in stream:
+            try:
+                on_chunk(chunk)
+            except Exception as exc:
+                internal_error("genai.stream.chunk", exc)
+            yield chunk
+    except GeneratorExit:
+        raise
+    except BaseException as exc:
+        recorder.finish(exc)
+        raise
+    recorder.finish()
+
+
 class AsyncStream:
     """The asynchronous counterpart of :class:`SyncStream`."""
 
-    __slots__ = ("__weakref__", "_it", "_on_chunk", "_recorder", "_stream")
+    __slots__ = ("__weakref__", "_it", "_recorder", "_stream")
 
     def __init__(self, stream: Any, recorder: Recorder) -> None:
         self._stream = stream
         self._recorder = recorder
-        self._on_chunk = recorder.on_chunk
-        self._it: Any = None
+        self._it: AsyncGenerator[Any, None] | None = None
 
     def __del__(self) -> None:
         try:
@@ -235,32 +266,26 @@ class AsyncStream:
         except Exception:
             pass
 
-    def __aiter__(self) -> AsyncStream:
-        return self
-
-    async def __anext__(self) -> Any:
+    def __aiter__(self) -> AsyncGenerator[Any, None]:
         it = self._it
         if it is None:
-            it = self._it = self._stream.__aiter__()
-        try:
-            chunk = await it.__anext__()
-        except StopAsyncIteration:
-            self._recorder.finish()
-            raise
-        except BaseException as exc:
-            self._recorder.finish(exc)
-            raise
-        try:
-            self._on_chunk(chunk)
-        except Exception as exc:
-            internal_error("genai.stream.chunk", exc)
-        return chunk
+            it = self._it = _arecord(self._stream, self._recorder)
+        return it
+
+    def __anext__(self) -> Awaitable[Any]:
+        return self.__aiter__().__anext__()
 
     async def close(self) -> None:
         try:
             await self._stream.close()
         finally:
             self._recorder.finish(early=True)
+            it = self._it
+            if it is not None:
+                try:
+                    await it.aclose()
+                except Exception as exc:  # already running (closed from inside the loop)
+                    internal_error("genai.stream.close", exc)
 
     async def aclose(self) -> None:
         await self.close()

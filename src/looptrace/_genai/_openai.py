@@ -237,41 +237,44 @@ class _ChatStream(Recorder):
 
     def complete(self) -> None:
         call = self.call
-        span = call.span
-        span.set_attribute(RESPONSE_ID, self.id)
-        span.set_attribute(RESPONSE_MODEL, self.model)
-        span.set_attribute(
-            FINISH_REASONS, [self.finish_reasons[i] for i in sorted(self.finish_reasons)]
-        )
-        _usage(span, self.usage, "prompt_tokens", "completion_tokens")
-        if not call.content:
-            return
-        messages: list[dict[str, Any]] = []
-        for index in sorted(self.texts.keys() | self.tools.keys()):
-            text = "".join(self.texts.get(index, ()))
-            parts: list[Any] = [{"type": "text", "content": text}] if text else []
-            tool_calls = []
-            for _, (tool_id, tool_name, arguments) in sorted(self.tools.get(index, {}).items()):
-                joined = "".join(arguments)
-                parts.append(
-                    {"type": "tool_call", "id": tool_id, "name": tool_name, "arguments": joined}
+        reasons = self.finish_reasons
+        attributes: dict[str, Any] = {
+            RESPONSE_ID: self.id,
+            RESPONSE_MODEL: self.model,
+            FINISH_REASONS: [reasons[i] for i in sorted(reasons)],
+        }
+        usage = self.usage
+        if usage is not None:
+            if isinstance(usage.prompt_tokens, int):
+                attributes[INPUT_TOKENS] = usage.prompt_tokens
+            if isinstance(usage.completion_tokens, int):
+                attributes[OUTPUT_TOKENS] = usage.completion_tokens
+        outputs: list[dict[str, Any]] = []
+        if call.content:
+            messages: list[dict[str, Any]] = []
+            for index in sorted(self.texts.keys() | self.tools.keys()):
+                text = "".join(self.texts.get(index, ()))
+                calls = [
+                    {"type": "tool_call", "id": tool_id, "name": name, "arguments": "".join(args)}
+                    for _, (tool_id, name, args) in sorted(self.tools.get(index, {}).items())
+                ]
+                parts: list[Any] = [{"type": "text", "content": text}] if text else []
+                parts += calls
+                reason = reasons.get(index)
+                messages.append({"role": "assistant", "parts": parts, "finish_reason": reason})
+                outputs.append(
+                    {
+                        "role": "assistant",
+                        "content": text,
+                        "tool_calls": calls,
+                        "finish_reason": reason,
+                    }
                 )
-                tool_calls.append({"id": tool_id, "name": tool_name, "arguments": joined})
-            reason = self.finish_reasons.get(index)
-            messages.append({"role": "assistant", "parts": parts, "finish_reason": reason})
-        span.set_attribute(OUTPUT_MESSAGES, messages)
-        if len(messages) == 1:
-            message = messages[0]
-            span.set_output(
-                {
-                    "role": "assistant",
-                    "content": "".join(self.texts.get(0, ())),
-                    "tool_calls": [p for p in message["parts"] if p["type"] == "tool_call"],
-                    "finish_reason": message["finish_reason"],
-                }
-            )
-        elif messages:
-            span.set_output(messages)
+            attributes[OUTPUT_MESSAGES] = messages
+        span = call.span
+        span.set_attributes(attributes)
+        if outputs:
+            span.set_output(outputs[0] if len(outputs) == 1 else outputs)
 
 
 # -- responses ------------------------------------------------------------------------------
