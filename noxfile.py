@@ -26,7 +26,7 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", "src", "tests", "benchmarks", "noxfile.py")
     session.run("ruff", "format", "--check", "src", "tests", "benchmarks", "noxfile.py")
     # lint-imports reads the installed package: the contracts name its modules.
-    session.install("-e", ".[otel]", "import-linter>=2.1")
+    session.install("-e", ".[test]", "import-linter>=2.1")
     session.run("lint-imports")
 
 

@@ -275,3 +275,40 @@ def test_serve_takes_the_token_from_the_environment(
     assert args[:3] == ("0.0.0.0", 4318, tmp_path / "s.db")
     assert kwargs["token"] == "tok-123"
     assert "tok-123" not in result.output
+
+
+def test_llm_spans_and_experiment_tokens(tmp_path: Path) -> None:
+    """`looptrace show` gives an LLM span a line with provider, model, tokens, time to first
+    chunk and finish reasons; `looptrace experiments ID` prints the token totals."""
+    path = tmp_path / "llm.db"
+    llm = {
+        "gen_ai.provider.name": "openai",
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": "gpt-4o",
+        "gen_ai.response.model": "gpt-4o-2024",
+        "gen_ai.usage.input_tokens": 12,
+        "gen_ai.usage.output_tokens": 5,
+        "gen_ai.response.finish_reasons": ["stop"],
+        "looptrace.genai.time_to_first_chunk_ms": 42.5,
+    }
+    common = {"looptrace.experiment.id": f"{0xE5:032x}", "looptrace.experiment.name": "llm"}
+    case = {**common, "looptrace.case.index": 0, "looptrace.case.repetition": 0}
+    case |= {"looptrace.case.input_tokens": 12, "looptrace.case.output_tokens": 5}
+    with Store(path) as store:
+        store.write(
+            [
+                dspan(0xE5, 1, name="llm", attributes=common),
+                dspan(0xE51, 1, name="case 0", attributes=case),
+                dspan(0xE51, 2, parent=1, name="chat gpt-4o", attributes=llm),
+                dspan(0xE51, 3, parent=1, name="plain step"),
+            ]
+        )
+    code, out = run(path, "show", f"{0xE51:032x}", "--width", "120")
+    assert code == 0
+    (line,) = [x for x in out.splitlines() if "llm:" in x]
+    assert " ".join(line.split()).endswith(
+        "llm: openai gpt-4o-2024 tokens 12 in / 5 out first chunk 42.5ms finish stop"
+    )
+    code, out = run(path, "experiments", f"{0xE5:032x}")
+    assert code == 0
+    assert "LLM tokens: 12 in / 5 out" in out

@@ -135,6 +135,36 @@ async def test_scores_and_errors_land_on_their_cases() -> None:
     assert summary.scores["_exact"].stdev == pytest.approx(statistics.pstdev(exact))
 
 
+async def test_token_usage_is_summed_per_case_and_in_the_summary() -> None:
+    """The gen_ai.usage.* attributes of the spans in a case's trace add up on the case (result
+    and root span) and over the experiment; spans outside any case are not counted."""
+
+    async def task(n: int) -> int:
+        for _ in range(n):
+            with looptrace.span("llm") as s:
+                s.set_attribute("gen_ai.usage.input_tokens", 10)
+                s.set_attribute("gen_ai.usage.output_tokens", 3)
+        return n
+
+    with capture_spans() as spans:
+        with looptrace.span("outside") as s:
+            s.set_attribute("gen_ai.usage.input_tokens", 1000)
+        async with looptrace.experiment("tokens", quiet=True) as exp:
+            results = await exp.run(task, [0, 1, 2], concurrency=3)
+    assert [(r.input_tokens, r.output_tokens) for r in results] == [(0, 0), (10, 3), (20, 6)]
+    summary = exp.summary()
+    assert (summary.input_tokens, summary.output_tokens) == (30, 9)
+    assert "tokens in 30  out 9" in summary.format()
+    cases = _cases(spans)
+    assert cases[2].attributes is not None
+    assert cases[2].attributes[sc.CASE_INPUT_TOKENS] == 20
+    assert cases[2].attributes[sc.CASE_OUTPUT_TOKENS] == 6
+    assert sc.CASE_INPUT_TOKENS not in (cases[0].attributes or {})
+    from looptrace import _state, evals
+
+    assert evals._count_tokens not in _state.end_hooks  # removed once no case runs
+
+
 async def test_case_traces_link_to_the_experiment_and_hold_the_task_spans() -> None:
     """Each case is a trace of its own, linked to the experiment span, carrying the experiment
     id; the task's spans nest under the case root; the experiment span has its own facts."""

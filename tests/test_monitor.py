@@ -500,3 +500,21 @@ def test_a_program_that_only_monitors_still_exports_its_summaries(tmp_path: path
     with Store(tmp_path / "store.db") as store:
         summaries = store.lag_summaries()["summaries"]
     assert summaries and max(s["values"]["max_ms"] for s in summaries) >= 25
+
+
+async def test_blocked_ns_adds_up_the_time_the_loop_was_held() -> None:
+    """Two readings of ``blocked_ns`` differ by how long the loop was blocked between them (to
+    the ticker's resolution), whether or not the ticker has run since; None without a monitor."""
+    assert monitor.blocked_ns() is None
+    async with LagMonitor(interval=0.001):
+        await asyncio.sleep(0.005)
+        before = monitor.blocked_ns()
+        assert before is not None
+        time.sleep(0.03)  # blocks the loop on purpose
+        during = monitor.blocked_ns()  # the pending tick is late: counted already
+        await asyncio.sleep(0.005)
+        after = monitor.blocked_ns()
+    assert during is not None and after is not None
+    assert during - before >= 25_000_000
+    assert after >= during
+    assert monitor.blocked_ns() is None

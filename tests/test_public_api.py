@@ -46,6 +46,8 @@ EXPECTED = {
     "flush_sync",
     "get_config",
     "inject",
+    "instrument_anthropic",
+    "instrument_openai",
     "instrument_opentelemetry",
     "run_experiment",
     "shutdown",
@@ -55,6 +57,8 @@ EXPECTED = {
     "statistics",
     "suppress_tracing",
     "traced",
+    "uninstrument_anthropic",
+    "uninstrument_openai",
     "uninstrument_opentelemetry",
 }
 

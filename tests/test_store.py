@@ -196,6 +196,9 @@ def _experiment_spans(exp_id: str) -> list[DecodedSpan]:
             "looptrace.score.exact": 0.0 if i == 1 else 1.0,
             "looptrace.score.len": float(i),
         }
+        if i:
+            attrs["looptrace.case.input_tokens"] = 10 * i
+            attrs["looptrace.case.output_tokens"] = i
         status, message = 0, ""
         if i == 2:
             attrs["looptrace.score.exact.comment"] = "lucky"
@@ -230,6 +233,7 @@ def test_experiments_cases_and_scores(store: Store) -> None:
     assert head["error_count"] == 1
     assert head["scores"]["exact"]["mean"] == pytest.approx(2 / 3)
     assert head["scores"]["len"] == {"mean": 1.0, "min": 0.0, "max": 2.0, "count": 3}
+    assert (head["input_tokens"], head["output_tokens"]) == (30, 3)
     exp = store.get_experiment(exp_id)
     assert exp is not None
     assert [c["case_index"] for c in exp["cases"]] == [0, 1, 2]
@@ -242,6 +246,11 @@ def test_experiments_cases_and_scores(store: Store) -> None:
     assert c2["error"] == "KeyError: 'x'"
     assert c2["status"] == "error"
     assert c2["comments"] == {"exact": "lucky"}
+    assert [(c["input_tokens"], c["output_tokens"]) for c in exp["cases"]] == [
+        (None, None),
+        (10, 1),
+        (20, 2),
+    ]
     assert exp["trace"]["name"] == "qa"
     assert store.get_experiment("nope") is None
 

@@ -83,11 +83,50 @@ def _span(
 _OLD = time.time_ns() - 3600 * 10**9
 XSS_TRACE = f"{0xA1:032x}"
 OPEN_TRACE = f"{0xA2:032x}"
+LLM_TRACE = f"{0xA3:032x}"
+TOKENS_EXPERIMENT = f"{0xE7:032x}"
+LLM_ATTRIBUTES = {
+    "gen_ai.provider.name": "openai",
+    "gen_ai.operation.name": "chat",
+    "gen_ai.request.model": "gpt-4o",
+    "gen_ai.response.model": "gpt-4o-2024",
+    "gen_ai.usage.input_tokens": 12,
+    "gen_ai.usage.output_tokens": 7,
+    "gen_ai.response.finish_reasons": ["tool_calls"],
+    "looptrace.genai.time_to_first_chunk_ms": 42.5,
+    "gen_ai.system_instructions": '[{"type": "text", "content": "Be terse."}]',
+    "gen_ai.input.messages": '[{"role": "user", "parts": [{"type": "text", "content": '
+    '"Weather in Paris?"}]}]',
+    "gen_ai.output.messages": '[{"role": "assistant", "parts": [{"type": "tool_call", "id": '
+    '"call_1", "name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}], '
+    '"finish_reason": "tool_calls"}]',
+}
+
+
+def _token_experiment() -> list[DecodedSpan]:
+    """An experiment whose cases made LLM calls: token totals on each case span."""
+    ms = 10**6
+    common = {sc.EXPERIMENT_ID: TOKENS_EXPERIMENT, sc.EXPERIMENT_NAME: "llm-tokens"}
+    out = [_span(0xE7, 1, None, "llm-tokens", _OLD - 10 * ms, _OLD, attributes=common)]
+    for i in range(2):
+        attrs = {
+            **common,
+            sc.CASE_INDEX: i,
+            sc.CASE_REPETITION: 0,
+            sc.CASE_INPUT_TOKENS: 10 * (i + 1),
+            sc.CASE_OUTPUT_TOKENS: i + 1,
+        }
+        start = _OLD - 9 * ms + i * ms
+        out.append(_span(0xE70 + i, 1, None, f"case {i}", start, start + ms, attributes=attrs))
+    return out
 
 
 def _extra_spans() -> list[DecodedSpan]:
     ms = 10**6
     return [
+        *_token_experiment(),
+        _span(0xA3, 1, None, "agent", _OLD + 40 * ms, _OLD + 50 * ms),
+        _span(0xA3, 2, 1, "chat gpt-4o", _OLD + 41 * ms, _OLD + 49 * ms, attributes=LLM_ATTRIBUTES),
         _span(0xA1, 1, None, XSS_NAME, _OLD, _OLD + 5 * ms, attributes={"note": XSS_ATTR}),
         _span(
             0xA1,
@@ -111,7 +150,7 @@ def _extra_spans() -> list[DecodedSpan]:
     ]
 
 
-BIG_TRACE = f"{0xA3:032x}"
+BIG_TRACE = f"{0xA9:032x}"
 BIG_BATCHES = 100
 BIG_ITEMS = 99  # per batch: 1 + 100 + 9,900 = 10,001 spans
 
@@ -120,17 +159,17 @@ def _big_trace() -> list[DecodedSpan]:
     """A fan-out of 10,001 spans: a root, 100 batches, 99 items each; one item carries a
     needle for the search test."""
     start = _OLD - 600 * 10**9
-    spans = [_span(0xA3, 1, None, "fan-out", start, start + 10**9)]
+    spans = [_span(0xA9, 1, None, "fan-out", start, start + 10**9)]
     for b in range(BIG_BATCHES):
         batch_id = 2 + b
         b0 = start + b * 10**7
-        spans.append(_span(0xA3, batch_id, 1, f"batch {b}", b0, b0 + 9 * 10**6))
+        spans.append(_span(0xA9, batch_id, 1, f"batch {b}", b0, b0 + 9 * 10**6))
         for i in range(BIG_ITEMS):
             attrs = {"needle": "golden-haystack"} if (b, i) == (57, 42) else {}
             item_id = 1000 + b * 1000 + i
             t = b0 + i * 90_000
             spans.append(
-                _span(0xA3, item_id, batch_id, f"item {b}.{i}", t, t + 80_000, attributes=attrs)
+                _span(0xA9, item_id, batch_id, f"item {b}.{i}", t, t + 80_000, attributes=attrs)
             )
     return spans
 
@@ -370,6 +409,48 @@ def test_a_trace_past_the_read_cap_says_it_was_cut(
             assert f"first 3 of {trace['span_count']:,} spans" in banner
         finally:
             context.close()
+
+
+@browser_test
+@needs_chromium
+def test_an_llm_span_shows_model_tokens_and_the_conversation(page: Any) -> None:
+    """A span with GenAI attributes shows model, tokens and time to first chunk, then the
+    conversation by role (system, user, the assistant's tool call); the message attributes are
+    not repeated in the attribute table."""
+    _open(page, f"/traces/{LLM_TRACE}#span={2:016x}")
+    panel = page.locator("#span-panel")
+    panel.locator(".conversation").wait_for()
+    facts = panel.locator("dl.kv").nth(1).inner_text()
+    assert "openai gpt-4o-2024" in facts
+    assert "12 in · 7 out" in facts
+    assert "42.5 ms" in facts
+    roles = panel.locator(".conversation .msg")
+    assert roles.count() == 3
+    assert [roles.nth(i).get_attribute("class") for i in range(3)] == [
+        "msg role-system",
+        "msg role-user",
+        "msg role-assistant",
+    ]
+    assert "Weather in Paris?" in roles.nth(1).inner_text()
+    assert 'get_weather({"city": "Paris"})' in roles.nth(2).inner_text()
+    assert "gen_ai.input.messages" not in panel.locator("table.attributes").inner_text()
+
+
+@browser_test
+@needs_chromium
+def test_an_experiment_with_llm_calls_shows_its_token_totals(page: Any, store: Store) -> None:
+    """An experiment whose cases used LLM tokens shows the totals in a card and each case's
+    tokens in a column of its own."""
+    full = store.get_experiment(TOKENS_EXPERIMENT)
+    assert full is not None
+    assert (full["input_tokens"], full["output_tokens"]) == (30, 3)
+    _open(page, f"/experiments/{TOKENS_EXPERIMENT}")
+    assert page.locator(".card[data-tokens]").inner_text().endswith("30 in · 3 out")
+    assert "Tokens in / out" in page.locator("table.cases thead").inner_text()
+    cells = page.locator("table.cases tbody tr")
+    assert cells.count() == 2
+    assert "10 / 1" in cells.nth(0).inner_text()
+    assert "20 / 2" in cells.nth(1).inner_text()
 
 
 @browser_test
@@ -780,13 +861,15 @@ def test_the_trace_list_filters_by_service_duration_and_time(page: Any, store: S
         page.locator("tr[data-trace-id]").evaluate_all("rs => rs.map(r => r.dataset.traceId)")
     )
     assert ids == {t["trace_id"] for t in store.list_traces(service="viewer-test")}
-    assert ids == {XSS_TRACE, OPEN_TRACE, BIG_TRACE}
+    assert {XSS_TRACE, OPEN_TRACE, BIG_TRACE} <= ids
+    assert all(t["service_name"] == "viewer-test" for t in store.list_traces(service="viewer-test"))
 
     _open(page, "/?service=viewer-test&min_duration_ms=100")
     ids = set(
         page.locator("tr[data-trace-id]").evaluate_all("rs => rs.map(r => r.dataset.traceId)")
     )
-    assert ids == {BIG_TRACE}  # a second long; the others last milliseconds or are running
+    # A second long; the hand-made others last milliseconds or are still running.
+    assert ids == {BIG_TRACE}
 
     _open(page, "/?range=900")
     listed = page.locator("tr[data-trace-id]").count()

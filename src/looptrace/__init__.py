@@ -18,6 +18,12 @@ if TYPE_CHECKING:
     from ._config import Config
     from ._context import attach, bind_context, current_span, extract, inject, suppress_tracing
     from ._errors import ConfigurationError, LoopTraceError
+    from ._genai import (
+        instrument_anthropic,
+        instrument_openai,
+        uninstrument_anthropic,
+        uninstrument_openai,
+    )
     from ._pipeline import (
         FlushResult,
         OffloadStatistics,
@@ -53,6 +59,10 @@ _ORIGIN = {
     "suppress_tracing": "_context",
     "ConfigurationError": "_errors",
     "LoopTraceError": "_errors",
+    "instrument_anthropic": "_genai",
+    "instrument_openai": "_genai",
+    "uninstrument_anthropic": "_genai",
+    "uninstrument_openai": "_genai",
     "FlushResult": "_pipeline",
     "OffloadStatistics": "_pipeline",
     "Statistics": "_pipeline",
@@ -144,6 +154,8 @@ __all__ = [
     "flush_sync",
     "get_config",
     "inject",
+    "instrument_anthropic",
+    "instrument_openai",
     "instrument_opentelemetry",
     "run_experiment",
     "shutdown",
@@ -153,5 +165,7 @@ __all__ = [
     "statistics",
     "suppress_tracing",
     "traced",
+    "uninstrument_anthropic",
+    "uninstrument_openai",
     "uninstrument_opentelemetry",
 ]

@@ -55,6 +55,8 @@ class Config:
     capture_inputs: bool = True
     capture_outputs: bool = True
     max_generator_items: int = 100
+    # Message content of LLM calls (prompts, completions, tool arguments); metadata stays.
+    capture_genai_content: bool = True
     # -- serialization --
     max_value_bytes: int = 8 * 1024 * 1024
     max_span_bytes: int = 16 * 1024 * 1024
@@ -196,6 +198,7 @@ class Config:
         put("capture_inputs", _bool, "LOOPTRACE_CAPTURE_INPUTS")
         put("capture_outputs", _bool, "LOOPTRACE_CAPTURE_OUTPUTS")
         put("max_generator_items", _int, "LOOPTRACE_MAX_GENERATOR_ITEMS")
+        put("capture_genai_content", _bool, "LOOPTRACE_CAPTURE_GENAI_CONTENT")
         put("max_value_bytes", _int, "LOOPTRACE_MAX_VALUE_BYTES")
         put("max_span_bytes", _int, "LOOPTRACE_MAX_SPAN_BYTES")
         put("max_depth", _int, "LOOPTRACE_MAX_DEPTH")

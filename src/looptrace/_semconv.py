@@ -46,6 +46,11 @@ CASE_REPETITION = "looptrace.case.repetition"
 CASE_METADATA = "looptrace.case.metadata"
 CASE_ERROR = "looptrace.case.error"
 CASE_DURATION_MS = "looptrace.case.duration_ms"
+# GenAI token usage summed over the spans of a case's trace (gen_ai.usage.* on each LLM span).
+CASE_INPUT_TOKENS = "looptrace.case.input_tokens"
+CASE_OUTPUT_TOKENS = "looptrace.case.output_tokens"
+GENAI_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GENAI_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 # A score is the double at SCORE_PREFIX + name; its comment is the string at
 # SCORE_PREFIX + name + SCORE_COMMENT_SUFFIX (told apart by type: scores are never strings).
 SCORE_COMMENT_SUFFIX = ".comment"

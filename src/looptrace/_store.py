@@ -763,13 +763,15 @@ class Store:
         """What a span tree shows, and nothing more (no JSON columns are parsed): per span,
         ``span_id``, ``parent_span_id``, ``name``, ``start_ns``, ``duration_ns``, ``status``,
         ``status_message``, ``lag_max_ms``, ``in_progress``, ``input``/``output`` previews and
-        ``events`` (parsed only for the spans that have any), ordered by start time.
+        ``events`` (parsed only for the spans that have any), and ``attributes`` for LLM calls
+        only (spans with GenAI attributes; others get an empty dict), ordered by start time.
         ``looptrace show`` on 10,000 spans reads this."""
         n = int(preview)
         sql = (
             "SELECT span_id, parent_span_id, name, start_ns, duration_ns, status_code, "
             f"status_message, lag_max_ms, in_progress, substr(input, 1, {n}), "
-            f"substr(output, 1, {n}), CASE WHEN events = '[]' THEN NULL ELSE events END "
+            f"substr(output, 1, {n}), CASE WHEN events = '[]' THEN NULL ELSE events END, "
+            "CASE WHEN instr(attributes, '\"gen_ai.operation.name\"') > 0 THEN attributes END "
             "FROM spans WHERE trace_id = ? ORDER BY start_ns, span_id"
         )
         with self._reader() as conn:
@@ -787,6 +789,7 @@ class Store:
                     "input": r[9],
                     "output": r[10],
                     "events": _loads(r[11]) if r[11] is not None else [],
+                    "attributes": _loads(r[12]) if r[12] is not None else {},
                 }
                 for r in conn.execute(sql, (trace_id,))
             ]
@@ -825,6 +828,13 @@ class Store:
             "WHERE experiment_id = ? AND case_index IS NOT NULL GROUP BY trace_id, case_index)",
             (exp_id,),
         ).fetchone()
+        tokens_in, tokens_out = conn.execute(
+            "SELECT coalesce(sum(i), 0), coalesce(sum(o), 0) FROM ("
+            "SELECT min(start_ns), json_extract(attributes, ?) AS i, "
+            "json_extract(attributes, ?) AS o FROM spans "
+            "WHERE experiment_id = ? AND case_index IS NOT NULL GROUP BY trace_id, case_index)",
+            (f'$."{sc.CASE_INPUT_TOKENS}"', f'$."{sc.CASE_OUTPUT_TOKENS}"', exp_id),
+        ).fetchone()
         scores = {
             name: {"mean": mean, "min": lo, "max": hi, "count": n}
             for name, mean, lo, hi, n in conn.execute(
@@ -841,6 +851,8 @@ class Store:
             "tags": _loads(row[4]),
             "case_count": cases,
             "error_count": errors,
+            "input_tokens": tokens_in,
+            "output_tokens": tokens_out,
             "scores": scores,
         }
 
@@ -859,6 +871,7 @@ class Store:
                 "SELECT min(start_ns), trace_id, span_id, case_index, name, end_ns, duration_ns, "
                 f"status_code, status_message, substr(input, 1, {n}), substr(output, 1, {n}), "
                 "json_extract(attributes, ?), in_progress, json_extract(attributes, ?), "
+                "json_extract(attributes, ?), json_extract(attributes, ?), "
                 "json_extract(attributes, ?) FROM spans "
                 "WHERE experiment_id = ? AND case_index IS NOT NULL "
                 "GROUP BY trace_id, case_index ORDER BY case_index, min(start_ns)",
@@ -866,6 +879,8 @@ class Store:
                     f'$."{sc.EXPECTED_VALUE}"',
                     f'$."{sc.CASE_REPETITION}"',
                     f'$."{sc.CASE_ERROR}"',
+                    f'$."{sc.CASE_INPUT_TOKENS}"',
+                    f'$."{sc.CASE_OUTPUT_TOKENS}"',
                     experiment_id,
                 ),
             ).fetchall()
@@ -900,6 +915,8 @@ class Store:
                 "in_progress": bool(r[12]),
                 "scores": scores.get((r[1], r[3]), {}),
                 "comments": comments.get((r[1], r[3]), {}),
+                "input_tokens": r[15],
+                "output_tokens": r[16],
             }
             for r in case_rows
         ]

@@ -135,6 +135,9 @@ def render_tree(spans: Sequence[dict[str, Any]], width: int = 100) -> Iterator[s
         kids = children.get(span["span_id"], [])
         detail = child_prefix + ("│    " if kids else "     ")
         room = max(20, width - len(detail) - 5)
+        llm = _llm_line(span.get("attributes") or {})
+        if llm:
+            yield f"{detail}{_clip(llm, room + 5)}"
         if span["input"] is not None:
             yield f"{detail}in:  {_clip(span['input'], room)}"
         if span["output"] is not None:
@@ -143,6 +146,26 @@ def render_tree(spans: Sequence[dict[str, Any]], width: int = 100) -> Iterator[s
             yield f"{detail}{_event_line(event, span['start_ns'], room)}"
         for i in range(len(kids) - 1, -1, -1):
             stack.append((kids[i], child_prefix, i == len(kids) - 1, False))
+
+
+def _llm_line(attrs: dict[str, Any]) -> str:
+    """For an LLM call (GenAI attributes, see docs/genai.md): model, tokens, first chunk."""
+    model = attrs.get("gen_ai.response.model") or attrs.get("gen_ai.request.model")
+    if not model or "gen_ai.operation.name" not in attrs:
+        return ""
+    text = f"llm: {attrs.get('gen_ai.provider.name', '?')} {model}"
+    tokens_in = attrs.get("gen_ai.usage.input_tokens")
+    tokens_out = attrs.get("gen_ai.usage.output_tokens")
+    if tokens_in is not None or tokens_out is not None:
+        text += f"  tokens {tokens_in if tokens_in is not None else '?'} in"
+        text += f" / {tokens_out if tokens_out is not None else '?'} out"
+    first = attrs.get("looptrace.genai.time_to_first_chunk_ms")
+    if isinstance(first, (int, float)):
+        text += f"  first chunk {first:.1f}ms"
+    reasons = attrs.get("gen_ai.response.finish_reasons")
+    if isinstance(reasons, list) and reasons:
+        text += f"  finish {','.join(str(r) for r in reasons)}"
+    return text
 
 
 def _event_line(event: dict[str, Any], span_start_ns: int, room: int) -> str:
@@ -343,6 +366,8 @@ def _show_experiment(exp: dict[str, Any], as_json: bool) -> None:
         f"experiment {exp['name']}  id {exp['id']}  {fmt_time(exp['created_ns'])}  "
         f"{exp['case_count']} cases, {exp['error_count']} failed"
     )
+    if exp.get("input_tokens") or exp.get("output_tokens"):
+        click.echo(f"  LLM tokens: {exp['input_tokens']} in / {exp['output_tokens']} out")
     for name, agg in exp["scores"].items():
         click.echo(
             f"  {name}: mean {agg['mean']:.3g}  min {agg['min']:.3g}  max {agg['max']:.3g}  "

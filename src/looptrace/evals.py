@@ -32,6 +32,9 @@ the task's spans nest under it):
     looptrace.case.metadata      the case's metadata, when it has some
     looptrace.case.duration_ms   how long the task ran (scorers excluded; the whole block for a
                                  manual case)
+    looptrace.case.input_tokens / looptrace.case.output_tokens   the sums of gen_ai.usage.*
+                                 over the spans of the case's trace that ended before the case
+                                 (LLM calls, see docs/genai.md), when there are any
     looptrace.case.error         "Type: message" when the task raised or timed out
     looptrace.score.<name>       each score, a double (a bool scores 1.0 / 0.0)
     looptrace.score.<name>.comment   the score's comment, a string, when there is one
@@ -105,6 +108,9 @@ class CaseResult:
     scorer_errors: Mapping[str, str]
     duration_ms: float
     trace_id: str
+    # LLM token usage summed over the case's trace (gen_ai.usage.* attributes).
+    input_tokens: int = 0
+    output_tokens: int = 0
 
     @property
     def ok(self) -> bool:
@@ -149,6 +155,9 @@ class ExperimentSummary:
     backpressure_waits: int
     backpressure_wait_s: float
     flushed: bool
+    # LLM token usage summed over every case.
+    input_tokens: int = 0
+    output_tokens: int = 0
 
     def format(self) -> str:
         """The summary as the compact table printed when the block ends."""
@@ -171,6 +180,8 @@ class ExperimentSummary:
             lines.append(
                 f"  latency p50 {self.latency_p50_ms:.1f} ms  p95 {self.latency_p95_ms:.1f} ms"
             )
+        if self.input_tokens or self.output_tokens:
+            lines.append(f"  tokens in {self.input_tokens}  out {self.output_tokens}")
         lag = "n/a" if self.worst_loop_lag_ms is None else f"{self.worst_loop_lag_ms:.1f} ms"
         lines.append(
             f"  spans sent {self.spans_sent}  dropped {self.spans_dropped}  unsent {self.unsent}"
@@ -262,6 +273,8 @@ class Case:
             attributes[_semconv.CASE_METADATA] = self.metadata
         self.span = _new_root(f"case {self.index}", attributes)
         self.span.add_link(exp._span.context)
+        if self.span.is_recording:
+            _watch_tokens(self.span.trace_id)
         if _state.capture_inputs:
             self.span.set_inputs(self.input)
         self._token = CURRENT.set(self.span)
@@ -297,6 +310,10 @@ class Case:
         if self.output is not None and _state.capture_outputs:
             span.set_output(self.output)
         span.set_attribute(_semconv.CASE_DURATION_MS, self._duration_ms)
+        tokens_in, tokens_out = _unwatch_tokens(span.trace_id)
+        if tokens_in or tokens_out:
+            span.set_attribute(_semconv.CASE_INPUT_TOKENS, tokens_in)
+            span.set_attribute(_semconv.CASE_OUTPUT_TOKENS, tokens_out)
         span.end()
         result = CaseResult(
             index=self.index,
@@ -310,6 +327,8 @@ class Case:
             scorer_errors=dict(self._scorer_errors),
             duration_ms=self._duration_ms,
             trace_id=f"{span.trace_id:032x}",
+            input_tokens=tokens_in,
+            output_tokens=tokens_out,
         )
         self.experiment._record(result)
         return result
@@ -597,6 +616,8 @@ class Experiment:
             backpressure_waits=self._bp_waits,
             backpressure_wait_s=self._bp_wait_s,
             flushed=self._flushed,
+            input_tokens=sum(r.input_tokens for r in results),
+            output_tokens=sum(r.output_tokens for r in results),
         )
 
     # -- internals --
@@ -743,6 +764,39 @@ def run_experiment(
 
 
 # -- helpers --
+
+
+# Token usage of the cases running now, by trace id: [input, output]. The end hook that fills
+# it is installed only while a case runs, and costs other spans one dict lookup.
+_case_tokens: dict[int, list[int]] = {}
+
+
+def _count_tokens(span: Span) -> None:
+    counts = _case_tokens.get(span.trace_id)
+    if counts is None:
+        return
+    attributes = span.attributes
+    if not attributes:
+        return
+    value = attributes.get(_semconv.GENAI_INPUT_TOKENS)
+    if type(value) is int:
+        counts[0] += value
+    value = attributes.get(_semconv.GENAI_OUTPUT_TOKENS)
+    if type(value) is int:
+        counts[1] += value
+
+
+def _watch_tokens(trace_id: int) -> None:
+    if not _case_tokens:
+        _state.add_hooks(end=_count_tokens)
+    _case_tokens.setdefault(trace_id, [0, 0])
+
+
+def _unwatch_tokens(trace_id: int) -> tuple[int, int]:
+    counts = _case_tokens.pop(trace_id, None)
+    if not _case_tokens:
+        _state.remove_hooks(end=_count_tokens)
+    return (counts[0], counts[1]) if counts is not None else (0, 0)
 
 
 def _new_root(name: str, attributes: dict[str, Any]) -> Span:

@@ -61,6 +61,7 @@ __all__ = [
     "LagMonitor",
     "LagSnapshot",
     "active_monitor",
+    "blocked_ns",
     "ensure_from_config",
     "finish_windows",
 ]
@@ -562,6 +563,9 @@ class LagMonitor:
         self._due_ns = 0  # the same, on the span clock (ns), for the span hook
         self._interval_ns = int(self._interval * 1e9)
         self._ticks = 0
+        # Every tick's lag added up (ns), never reset: the difference between two readings is
+        # how long the loop was held between them (see blocked_ns).
+        self._lag_sum_ns = 0
         # Monotonic max-stack over ticks, for span lag: when each tick was due and when it ran
         # (span clock, ns: the clock span.start_ns/end_ns come from), its lag, and its bucket.
         # Due times ascend; lags strictly decrease by bucket, so it never holds more than
@@ -766,6 +770,7 @@ class LagMonitor:
             self._stack_ran.append(ran_ns)
             self._stack_lag.append(lag_ns)
             self._ticks += 1
+            self._lag_sum_ns += lag_ns
             if not self._thread_id:  # started before the loop ran
                 self._bind_thread()
                 if self._watch is not None:
@@ -869,6 +874,18 @@ def finish_windows(loop: asyncio.AbstractEventLoop) -> None:
         monitors = list(_running.get(loop, ()))
     for monitor in monitors:
         monitor.finish_window()
+
+
+def blocked_ns() -> int | None:
+    """How long the loop running in this thread has been held so far, in nanoseconds: the sum
+    of every tick's lag plus what the pending tick has built up. Subtract two readings to get
+    the time the loop was blocked between them (to the ticker's resolution). None when no
+    monitor watches a loop in this thread."""
+    monitor = _by_thread_get(_get_ident())
+    if monitor is None or monitor._loop is None:
+        return None
+    pending = _clock.now_ns() - monitor._due_ns
+    return monitor._lag_sum_ns + (pending if pending > 0 else 0)
 
 
 def active_monitor() -> LagMonitor | None:

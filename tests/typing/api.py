@@ -65,3 +65,5 @@ async def check() -> None:
     bound = looptrace.bind_context(plain)
     assert_type(bound(1), float)
     plain("wrong")  # type: ignore[arg-type]
+    assert_type(looptrace.instrument_openai(), None)
+    assert_type(looptrace.uninstrument_anthropic(object()), None)

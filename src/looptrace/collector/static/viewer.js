@@ -511,7 +511,66 @@ async function tracePage(traceId) {
 }
 
 // Attributes shown in their own sections, not in the attribute table.
-const HIDDEN_ATTRIBUTES = new Set(["input.value", "output.value", "input.mime_type", "output.mime_type"]);
+const HIDDEN_ATTRIBUTES = new Set(["input.value", "output.value", "input.mime_type", "output.mime_type",
+  "gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.system_instructions"]);
+
+// Structured attribute values arrive as JSON text; the conversation needs them as objects.
+function parsed(v) {
+  if (typeof v !== "string" || !/^\s*[[{]/.test(v)) return v;
+  try { return JSON.parse(v); } catch { return v; }
+}
+
+// One message part of the GenAI conventions: text, a tool call, a tool's result, reasoning.
+function messagePart(part) {
+  if (part === null || typeof part !== "object") return el("div", { className: "msg-text" }, String(part));
+  const content = part.content ?? part.text;
+  if (part.type === "text" && typeof content === "string") return el("div", { className: "msg-text" }, content);
+  if (part.type === "tool_call") {
+    const args = typeof part.arguments === "string" ? part.arguments : JSON.stringify(part.arguments ?? {});
+    return el("div", { className: "msg-tool mono" }, `→ ${part.name || "tool"}(${args})`, part.id ? el("span", { className: "muted" }, `  ${part.id}`) : null);
+  }
+  if (part.type === "tool_call_response") {
+    const response = typeof part.response === "string" ? part.response : JSON.stringify(part.response);
+    return el("div", { className: "msg-tool mono" }, `← ${response}`, part.id ? el("span", { className: "muted" }, `  ${part.id}`) : null);
+  }
+  if (part.type === "reasoning") return el("details", {}, el("summary", {}, "reasoning"), el("div", { className: "msg-text" }, String(content ?? "")));
+  return jsonBlock(part);
+}
+
+function message(role, parts, note) {
+  return el("div", { className: `msg role-${role || "unknown"}` },
+    el("div", { className: "msg-role" }, role || "?", note ? el("span", { className: "muted" }, ` · ${note}`) : null),
+    (Array.isArray(parts) ? parts : [parts]).map(messagePart));
+}
+
+// An LLM call (GenAI attributes): model, tokens and timing, then the conversation by role.
+function llmDetails(span) {
+  const a = span.attributes || {};
+  if (!("gen_ai.operation.name" in a)) return [];
+  const model = a["gen_ai.response.model"] || a["gen_ai.request.model"] || "?";
+  const tokensIn = a["gen_ai.usage.input_tokens"], tokensOut = a["gen_ai.usage.output_tokens"];
+  const first = a["looptrace.genai.time_to_first_chunk_ms"];
+  const blocked = a["looptrace.genai.loop_blocked_ms"];
+  const reasons = parsed(a["gen_ai.response.finish_reasons"]);
+  const facts = [
+    ["model", `${a["gen_ai.provider.name"] || ""} ${model}`.trim()],
+    ["operation", a["gen_ai.operation.name"]],
+    ...(tokensIn !== undefined || tokensOut !== undefined ? [["tokens", `${tokensIn ?? "?"} in · ${tokensOut ?? "?"} out`]] : []),
+    ...(typeof first === "number" ? [["first chunk", `${first.toFixed(1)} ms`]] : []),
+    ...(Array.isArray(reasons) && reasons.length ? [["finish", reasons.join(", ")]] : []),
+    ...(typeof blocked === "number" ? [["loop blocked", `${blocked.toFixed(1)} ms`]] : []),
+  ];
+  const out = [el("h3", {}, "LLM call"), kv(facts)];
+  const system = parsed(a["gen_ai.system_instructions"]);
+  const input = parsed(a["gen_ai.input.messages"]);
+  const output = parsed(a["gen_ai.output.messages"]);
+  const messages = [];
+  if (Array.isArray(system) && system.length) messages.push(message("system", system));
+  if (Array.isArray(input)) for (const m of input) messages.push(message(m.role, m.parts || []));
+  if (Array.isArray(output)) for (const m of output) messages.push(message(m.role || "assistant", m.parts || [], m.finish_reason ? `finish: ${m.finish_reason}` : null));
+  if (messages.length) out.push(el("h3", {}, "Conversation"), el("div", { className: "conversation" }, messages));
+  return out;
+}
 
 // Objects, lists and JSON-looking strings get a JSON block; plain values stay inline.
 function isStructured(v) {
@@ -552,6 +611,7 @@ function spanDetails(span, t0) {
       ["parent", span.parent_span_id || "—"],
       ...(lagOf(span) !== null ? [["loop lag max", `${lagOf(span).toFixed(2)} ms`]] : []),
     ]),
+    ...llmDetails(span),
   ];
   const exception = (span.events || []).find((e) => e.name === "exception");
   if (exception) {
@@ -652,9 +712,14 @@ function payloadCell(value) {
 async function experimentPage(experimentId) {
   const e = await api(`/api/experiments/${encodeURIComponent(experimentId)}`);
   const names = Object.keys(e.scores || {}).sort();
+  const withTokens = Boolean(e.input_tokens || e.output_tokens);
   const cards = el("div", { className: "cards" },
     el("div", { className: "card" }, el("div", { className: "k" }, "cases"), el("div", { className: "v" }, String(e.case_count))),
     el("div", { className: "card" }, el("div", { className: "k" }, "errors"), el("div", { className: `v${e.error_count ? " worse" : ""}` }, String(e.error_count))),
+    e.input_tokens || e.output_tokens
+      ? el("div", { className: "card", "data-tokens": "" }, el("div", { className: "k" }, "LLM tokens"),
+        el("div", { className: "v" }, `${e.input_tokens} in · ${e.output_tokens} out`))
+      : null,
     names.map((n) => el("div", { className: "card", "data-score": n },
       el("div", { className: "k" }, `${n} mean`), el("div", { className: "v" }, fmtNumber(e.scores[n].mean)),
       el("div", { className: "muted" }, `min ${fmtNumber(e.scores[n].min)} · max ${fmtNumber(e.scores[n].max)} · n ${e.scores[n].count}`))));
@@ -665,6 +730,7 @@ async function experimentPage(experimentId) {
     names.map((n) => el("td", { className: "num", title: c.comments?.[n] || "" }, c.scores?.[n] !== undefined ? fmtNumber(c.scores[n]) : "")),
     el("td", {}, badge(c.in_progress ? "in_progress" : c.status), c.error ? el("div", { className: "error-text" }, c.error) : null),
     el("td", { className: "num" }, fmtDuration(c.duration_ns)),
+    withTokens ? el("td", { className: "num" }, c.input_tokens || c.output_tokens ? `${c.input_tokens ?? 0} / ${c.output_tokens ?? 0}` : "") : null,
     el("td", {}, link(`/traces/${encodeURIComponent(c.trace_id)}#span=${encodeURIComponent(c.span_id)}`, "trace"))));
   const meta = e.metadata && Object.keys(e.metadata).length ? el("details", {}, el("summary", {}, "metadata"), jsonBlock(e.metadata)) : null;
   show(
@@ -675,7 +741,8 @@ async function experimentPage(experimentId) {
     meta, cards,
     el("table", { className: "grid cases" },
       el("thead", {}, el("tr", {}, el("th", { className: "num" }, "#"), el("th", {}, "Case"), el("th", {}, "Input"), el("th", {}, "Output"), el("th", {}, "Expected"),
-        names.map((n) => el("th", { className: "num" }, n)), el("th", {}, "Status"), el("th", { className: "num" }, "Duration"), el("th", {}, ""))),
+        names.map((n) => el("th", { className: "num" }, n)), el("th", {}, "Status"), el("th", { className: "num" }, "Duration"),
+        withTokens ? el("th", { className: "num" }, "Tokens in / out") : null, el("th", {}, ""))),
       el("tbody", {}, rows)));
 }
 
