@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import inspect
 import math
 import os
@@ -375,10 +376,18 @@ class _Scorer:
         self.call = _adapt(fn)
 
 
+class _Phase(enum.Enum):
+    """An experiment's life: made, then opened by ``async with``, then closed, once each."""
+
+    UNOPENED = "unopened"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
 class Experiment:
     """An experiment: one root span, and one trace per case linked to it.
 
-    Made by :func:`experiment`; use it as ``async with``. States: unopened, open, closed.
+    Made by :func:`experiment`; use it as ``async with`` (it can be opened once).
     """
 
     def __init__(
@@ -397,7 +406,7 @@ class Experiment:
         self._progress_wanted = progress
         self._quiet = quiet
         self._stream = stream
-        self._state = "unopened"
+        self._phase = _Phase.UNOPENED
         self._span: Span = NonRecordingSpan()
         self._id = ""
         self._token: Any = None
@@ -418,7 +427,7 @@ class Experiment:
     @property
     def id(self) -> str:
         """The experiment id: the experiment span's trace id in hex (set when the block opens)."""
-        if self._state == "unopened":
+        if self._phase is _Phase.UNOPENED:
             raise LoopTraceError("the experiment has no id until its block is entered")
         return self._id
 
@@ -433,7 +442,7 @@ class Experiment:
         return sorted(self._results, key=lambda r: (r.index, r.repetition))
 
     async def __aenter__(self) -> Experiment:
-        if self._state != "unopened":
+        if self._phase is not _Phase.UNOPENED:
             raise LoopTraceError("an experiment can be entered only once")
         self._stats0 = _counters()
         attributes: dict[str, Any] = {
@@ -451,7 +460,7 @@ class Experiment:
         self._token = CURRENT.set(self._span)
         self._start_monitor()
         self._t0 = time.perf_counter()
-        self._state = "open"
+        self._phase = _Phase.OPEN
         return self
 
     async def __aexit__(
@@ -460,7 +469,7 @@ class Experiment:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._state = "closed"
+        self._phase = _Phase.CLOSED
         try:
             CURRENT.reset(self._token)
         except ValueError:
@@ -598,7 +607,7 @@ class Experiment:
         latencies = sorted(r.duration_ms for r in results if r.error != "cancelled")
         sent, dropped = self._final_stats if self._final_stats is not None else _counters()
         wall = self._wall_s if self._wall_s is not None else time.perf_counter() - self._t0
-        lag = self._final_lag if self._state == "closed" else self._lag_ms()
+        lag = self._final_lag if self._phase is _Phase.CLOSED else self._lag_ms()
         return ExperimentSummary(
             name=self.name,
             id=self._id,
@@ -608,7 +617,7 @@ class Experiment:
             scores={name: _summarize(name, values) for name, values in scores.items()},
             latency_p50_ms=_percentile(latencies, 0.50),
             latency_p95_ms=_percentile(latencies, 0.95),
-            wall_s=wall if self._state != "unopened" else 0.0,
+            wall_s=wall if self._phase is not _Phase.UNOPENED else 0.0,
             spans_sent=max(0, sent - self._stats0[0]),
             spans_dropped=max(0, dropped - self._stats0[1]),
             unsent=self._unsent,
@@ -623,7 +632,7 @@ class Experiment:
     # -- internals --
 
     def _check_open(self) -> None:
-        if self._state != "open":
+        if self._phase is not _Phase.OPEN:
             raise LoopTraceError(
                 "use the experiment inside its block: async with looptrace.experiment(...) as exp"
             )
