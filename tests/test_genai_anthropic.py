@@ -12,27 +12,15 @@ import pytest
 
 import looptrace
 from fake_llm_server import TOOL_ARGUMENTS, USAGE_IN, FakeLlmServer, attributes, events
-from looptrace._transport import RetryPolicy
+from genai_support import FAST_RETRY, llm, otlp, received
 from otlp_server import OtlpTestServer
 from pipeline_support import checked_server, install_pipeline
 
-FAST_RETRY = RetryPolicy(base_delay=0.01, max_delay=0.05, budget=10.0)
+__all__ = ["llm", "otlp"]  # fixtures, used by name
+
 API_KEY = "sk-ant-test-secret"
 MESSAGES = [{"role": "user", "content": "Say hello"}]
 TOOLS = [{"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}]
-
-
-@pytest.fixture
-def llm() -> Iterator[FakeLlmServer]:
-    with FakeLlmServer() as server:
-        yield server
-
-
-@pytest.fixture
-def otlp() -> Iterator[OtlpTestServer]:
-    with checked_server() as server:
-        install_pipeline(server, retry=FAST_RETRY)
-        yield server
 
 
 @pytest.fixture
@@ -48,14 +36,6 @@ def client(llm: FakeLlmServer) -> anthropic.Anthropic:
 
 def async_client(llm: FakeLlmServer) -> anthropic.AsyncAnthropic:
     return anthropic.AsyncAnthropic(base_url=llm.anthropic_url, api_key=API_KEY, max_retries=0)
-
-
-def received(otlp: OtlpTestServer, count: int) -> dict[str, Any]:
-    assert looptrace.flush_sync(5).ok
-    assert otlp.wait_for_spans(count)
-    spans = otlp.accepted_spans()
-    assert len(spans) == count, [s.name for s in spans]
-    return {s.name: s for s in spans}
 
 
 def llm_span(spans: dict[str, Any], name: str = "chat claude-test") -> tuple[Any, dict[str, Any]]:

@@ -16,11 +16,12 @@ import pytest
 
 import looptrace
 from fake_llm_server import TOOL_ARGUMENTS, USAGE_IN, FakeLlmServer, attributes, events
-from looptrace._transport import RetryPolicy
+from genai_support import FAST_RETRY, llm, otlp, received
 from otlp_server import OtlpTestServer
 from pipeline_support import checked_server, install_pipeline
 
-FAST_RETRY = RetryPolicy(base_delay=0.01, max_delay=0.05, budget=10.0)
+__all__ = ["llm", "otlp"]  # fixtures, used by name
+
 API_KEY = "sk-test-secret-key"
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
@@ -32,19 +33,6 @@ TOOLS = [
         "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}},
     }
 ]
-
-
-@pytest.fixture
-def llm() -> Iterator[FakeLlmServer]:
-    with FakeLlmServer() as server:
-        yield server
-
-
-@pytest.fixture
-def otlp() -> Iterator[OtlpTestServer]:
-    with checked_server() as server:
-        install_pipeline(server, retry=FAST_RETRY)
-        yield server
 
 
 @pytest.fixture
@@ -60,16 +48,6 @@ def client(llm: FakeLlmServer) -> openai.OpenAI:
 
 def async_client(llm: FakeLlmServer) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=llm.openai_url, api_key=API_KEY, max_retries=0)
-
-
-def received(otlp: OtlpTestServer, count: int) -> dict[str, Any]:
-    """The spans at the OTLP server, by name (the caller's span is ``caller``)."""
-    result = looptrace.flush_sync(5)
-    assert result.ok
-    assert otlp.wait_for_spans(count)
-    spans = otlp.accepted_spans()
-    assert len(spans) == count, [s.name for s in spans]
-    return {s.name: s for s in spans}
 
 
 def assert_child_of_caller(spans: dict[str, Any], name: str) -> dict[str, Any]:
