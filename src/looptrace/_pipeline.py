@@ -50,6 +50,7 @@ from ._transport import (
 )
 
 if TYPE_CHECKING:
+    from ._offload import Job
     from ._otlp import Resource
     from ._span import Span
 
@@ -564,7 +565,8 @@ class Pipeline:
         plan, encode = self._span_encoder.plan, self._span_encoder.encode
         offloader = self._offloader
         remote = self._destination is not None
-        chunks: list[Any] = [None] * len(spans)
+        # Per span: its encoded bytes, the Job a worker will send, or None when it was lost.
+        chunks: list[bytes | Job | None] = [None] * len(spans)
         offloaded: list[tuple[int, Any]] = []
         clock = time.perf_counter
         started = clock()
@@ -603,7 +605,7 @@ class Pipeline:
             self.buffer.count_drop("rejected", lost)
         return self._split(batch, chunks)
 
-    def _split(self, batch: Batch, chunks: list[Any]) -> list[Batch]:
+    def _split(self, batch: Batch, chunks: list[bytes | Job | None]) -> list[Batch]:
         """One batch per max_batch_bytes of encoded spans (estimates can be off); a span that
         a worker sends (a Job among the chunks) is a batch of its own."""
         limit = self.cfg.max_batch_bytes
@@ -626,7 +628,8 @@ class Pipeline:
         if start < len(chunks) or not bounds:
             bounds.append((start, len(chunks)))
         if len(bounds) == 1 and not jobs:
-            batch.chunks = [c for c in chunks if c is not None]
+            # No Job among them (``jobs`` is False): every chunk kept is bytes.
+            batch.chunks = [c for c in chunks if isinstance(c, bytes)]
             batch.lost = len(chunks) - len(batch.chunks)
             self.buffer.resize(batch, size)
             return [batch]
@@ -636,7 +639,8 @@ class Pipeline:
             if end - start == 1 and piece[0] is not None and not isinstance(piece[0], bytes):
                 parts.append(_job_part(batch.lo + start, piece[0]))
                 continue
-            kept = [c for c in piece if c is not None]
+            # A Job is always a part of its own (above): the rest are bytes or lost.
+            kept = [c for c in piece if isinstance(c, bytes)]
             parts.append(_part(batch.lo + start, batch.lo + end, kept, end - start - len(kept)))
         self.buffer.replace(batch, parts)
         return parts
