@@ -80,6 +80,13 @@ class PoolState(str, enum.Enum):
 STARTABLE = frozenset((PoolState.UNSTARTED, PoolState.BROKEN))
 
 
+class Unsent(str):
+    """What :meth:`Offloader.deliver` answers when no answer came from the backend: the error,
+    as text (the caller retries it as any unanswered request)."""
+
+    __slots__ = ()
+
+
 class Job:
     """A large span prepared once (the user's hooks ran) and delivered by a worker, as often
     as the pipeline retries it."""
@@ -216,11 +223,11 @@ class Offloader:
         """Prepare ``span`` for :meth:`deliver`: the user's hooks run here, once."""
         return Job(_serialize.prepare(span, cfg), encoding, nbytes)
 
-    async def deliver(self, job: Job, dest: Destination) -> Response | str | bytes:
+    async def deliver(self, job: Job, dest: Destination) -> Response | Unsent | bytes:
         """Have a worker send ``job`` to ``dest`` as a request of its own.
 
-        Returns the backend's ``Response``; a ``str`` naming the error when no answer came
-        (retry as for any request); or the encoded span (``bytes``) when the worker could not
+        Returns the backend's ``Response``; :class:`Unsent` naming the error when no answer
+        came (retry as for any request); or the encoded span (``bytes``) when no worker could
         take it, for the caller to send itself (the reason is counted)."""
         if self._state is not PoolState.RUNNING:
             await self._ensure_pool()
@@ -257,7 +264,7 @@ class Offloader:
             self.stats["offloaded"] += 1
             _serialize.stats.update(counts)
         if kind == "unsent":
-            return str(detail)
+            return Unsent(detail)
         status, retry_after, body = detail
         return Response(status, {"retry-after": retry_after} if retry_after else {}, body)
 

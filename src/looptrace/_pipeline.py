@@ -709,9 +709,11 @@ class Pipeline:
             if offloader is None:  # the pipeline shut down under this send
                 self._failed(batch, "shut down", None)
                 return
+            from ._offload import Unsent
+
             outcome = await offloader.deliver(batch.job, self._destination)
-            if isinstance(outcome, str):
-                self._failed(batch, outcome, None)
+            if isinstance(outcome, Unsent):
+                self._failed(batch, str(outcome), None)
                 return
             if isinstance(outcome, Response):
                 self._answered(batch, outcome)
