@@ -460,3 +460,32 @@ async def test_statistics_show_the_offload(tmp_path: Path) -> None:
     assert stats.workers_alive >= 1
     await looptrace.shutdown()
     assert looptrace.statistics().offload.workers_alive == 0
+
+
+async def test_workers_start_without_opentelemetry_auto_instrumentation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under ``opentelemetry-instrument`` every interpreter started with the application's
+    PYTHONPATH runs its sitecustomize and instruments itself; a worker, which sends looptrace's
+    own requests, starts without it (and with the SDK disabled)."""
+    auto = tmp_path / "opentelemetry" / "instrumentation" / "auto_instrumentation"
+    auto.mkdir(parents=True)
+    marker = tmp_path / "instrumented"
+    (auto / "sitecustomize.py").write_text(
+        "import os\n"
+        f"open({str(marker)!r}, 'a').write(os.environ.get('OTEL_SDK_DISABLED', '-') + '\\n')\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(auto), str(tmp_path)]))
+    # The stand-in works: a plain child interpreter runs it.
+    await asyncio.to_thread(subprocess.run, [sys.executable, "-c", "pass"], check=True, timeout=60)
+    assert marker.read_text() == "-\n"
+    marker.unlink()
+
+    off = Offloader(workers=1)
+    try:
+        span = big_span()
+        assert await off.encode(span, CFG, "protobuf") == inline(span)
+        assert off.stats["offloaded"] == 1
+    finally:
+        off.shutdown(wait=True)
+    assert not marker.exists()

@@ -61,6 +61,30 @@ def _command() -> list[str]:
     return [sys.executable, "-c", code]
 
 
+# Where OpenTelemetry's auto-instrumentation (``opentelemetry-instrument``) keeps the
+# sitecustomize it puts on PYTHONPATH, which would instrument every interpreter started below.
+_AUTO_INSTRUMENTATION = os.path.join("opentelemetry", "instrumentation", "auto_instrumentation")
+
+
+def _environment() -> dict[str, str]:
+    """The application's environment for a worker, without OpenTelemetry's auto-instrumentation:
+    a worker sends looptrace's own requests, which are never traced."""
+    env = dict(os.environ)
+    path = env.get("PYTHONPATH")
+    if path:
+        kept = [
+            p
+            for p in path.split(os.pathsep)
+            if not os.path.normpath(p).endswith(_AUTO_INSTRUMENTATION)
+        ]
+        if kept:
+            env["PYTHONPATH"] = os.pathsep.join(kept)
+        else:
+            del env["PYTHONPATH"]
+    env["OTEL_SDK_DISABLED"] = "true"  # should an SDK be set up anyway, it records nothing
+    return env
+
+
 class _Call:
     __slots__ = ("future", "head", "raw")
 
@@ -115,6 +139,7 @@ class Pool:
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     creationflags=flags,
+                    env=_environment(),
                 )
                 # A starting interpreter imports for a good part of a second: lower its
                 # priority from here, at once, so that its start-up does not take the loop's
