@@ -13,8 +13,8 @@ from typing import Any
 import anthropic
 from anthropic.resources.messages import AsyncMessages, Messages
 
-from .._context import CURRENT
 from .._errors import internal_error
+from .._start import _activate, _deactivate
 from . import _core
 from ._core import (
     FINISH_REASONS,
@@ -278,14 +278,14 @@ class _StreamManager:
         call = _core._safe_begin(lambda kw: _begin(kw, stream=True), self._kwargs)
         if call is None:
             return self._manager.__enter__()
-        token = CURRENT.set(call.span)
+        tokens = _activate(call.span)
         try:
             stream = self._manager.__enter__()
         except BaseException as exc:
             call.end(exc)
             raise
         finally:
-            CURRENT.reset(token)
+            _deactivate(tokens)
         self._call = call
         _adopt(stream, call, _core.SyncStream)
         return stream
@@ -301,14 +301,14 @@ class _StreamManager:
         call = _core._safe_begin(lambda kw: _begin(kw, stream=True), self._kwargs)
         if call is None:
             return await self._manager.__aenter__()
-        token = CURRENT.set(call.span)
+        tokens = _activate(call.span)
         try:
             stream = await self._manager.__aenter__()
         except BaseException as exc:
             call.end(exc)
             raise
         finally:
-            CURRENT.reset(token)
+            _deactivate(tokens)
         self._call = call
         _adopt(stream, call, _core.AsyncStream)
         return stream

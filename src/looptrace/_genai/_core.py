@@ -18,9 +18,9 @@ from typing import Any
 # The pipeline, for its wiring too: an LLM call may be the only thing a program traces.
 from .. import _clock, _pipeline, _state
 from .._capture import start_span
-from .._context import CURRENT
 from .._errors import internal_error
 from .._span import Span, SpanKind
+from .._start import _activate, _deactivate
 
 # Attribute names (OpenTelemetry GenAI semantic conventions, plus looptrace's own figures).
 # looptrace's own say "chunk", not "token": keys holding the word "token" are redacted at export.
@@ -334,14 +334,14 @@ def wrap_sync(original: Callable[..., Any], begin: Begin, done: Done) -> Callabl
         call = _safe_begin(begin, kwargs)
         if call is None:
             return original(self, *args, **kwargs)
-        token = CURRENT.set(call.span)
+        tokens = _activate(call.span)
         try:
             result = original(self, *args, **kwargs)
         except BaseException as exc:
             call.end(exc)
             raise
         finally:
-            CURRENT.reset(token)
+            _deactivate(tokens)
         return _safe_done(done, call, kwargs, result)
 
     wrapper.__looptrace_original__ = original  # type: ignore[attr-defined]
@@ -354,14 +354,14 @@ def wrap_async(original: Callable[..., Any], begin: Begin, done: Done) -> Callab
         call = _safe_begin(begin, kwargs)
         if call is None:
             return await original(self, *args, **kwargs)
-        token = CURRENT.set(call.span)
+        tokens = _activate(call.span)
         try:
             result = await original(self, *args, **kwargs)
         except BaseException as exc:
             call.end(exc)
             raise
         finally:
-            CURRENT.reset(token)
+            _deactivate(tokens)
         return _safe_done(done, call, kwargs, result)
 
     wrapper.__looptrace_original__ = original  # type: ignore[attr-defined]
