@@ -54,11 +54,7 @@ def start_span(
         if remote:
             _report_start(span)  # the local root of a distributed trace
     if _state.start_hooks:
-        for hook in _state.start_hooks:
-            try:
-                hook(span)
-            except Exception as exc:
-                internal_error("span.start_hook", exc)
+        _run_start_hooks(span)
     return span
 
 
@@ -101,11 +97,7 @@ def start_scoped_span(
         if remote:
             _report_start(span)
     if _state.start_hooks:
-        for hook in _state.start_hooks:
-            try:
-                hook(span)
-            except Exception as exc:
-                internal_error("span.start_hook", exc)
+        _run_start_hooks(span)
     return span
 
 
@@ -139,3 +131,11 @@ def _bridge_exit(bridge: _state.ContextBridge, token: object) -> None:
         bridge.exit(token)
     except Exception as exc:
         internal_error("span.bridge_exit", exc)
+
+
+def _run_start_hooks(span: Span) -> None:
+    for hook in _state.start_hooks:
+        try:
+            hook(span)
+        except Exception as exc:
+            internal_error("span.start_hook", exc)

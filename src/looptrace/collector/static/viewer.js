@@ -266,7 +266,8 @@ async function tracePage(traceId) {
   // A large trace opens with only its roots' children shown; rows are built when first shown,
   // so a 10,000-span trace draws the few dozen rows it opens with, not all of them.
   const folded = new Uint8Array(n);
-  if (n > FOLD_ABOVE) for (let i = 0; i < n; i++) if (ordered[i].depth >= 1 && end[i] > i + 1) folded[i] = 1;
+  const foldBelowRoots = () => { for (let i = 0; i < n; i++) if (ordered[i].depth >= 1 && end[i] > i + 1) folded[i] = 1; };
+  if (n > FOLD_ABOVE) foldBelowRoots();
   const rowEls = new Array(n);
   let shown = [];
 
@@ -455,7 +456,7 @@ async function tracePage(traceId) {
 
   const waterfall = el("div", { className: "waterfall", id: "waterfall" },
     el("div", { className: "wf-tools" }, search, count,
-      el("button", { type: "button", id: "fold-all", onclick: () => { for (let i = 0; i < n; i++) if (ordered[i].depth >= 1 && end[i] > i + 1) folded[i] = 1; render(); } }, "fold all"),
+      el("button", { type: "button", id: "fold-all", onclick: () => { foldBelowRoots(); render(); } }, "fold all"),
       el("button", { type: "button", id: "unfold-all", onclick: () => { folded.fill(0); render(); } }, "unfold all"),
       el("span", { className: "muted keys" }, "↑↓ move · ←→ fold · / find")),
     mapBox, timeAxis(t0, total), rowsBox);
