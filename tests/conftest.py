@@ -34,10 +34,10 @@ def _reset_pipeline() -> Iterator[None]:
     """After each test: stop the export pipeline (no flusher leaks into the next test) and go
     back to the configuration in the environment."""
     yield
-    from looptrace import _errors, _pipeline, _state
+    from looptrace import _errors, _export, _state
 
-    _pipeline.shutdown_sync(timeout=2.0)
-    _pipeline._last_stats[0] = None
+    _export.shutdown_sync(timeout=2.0)
+    _export._last_stats[0] = None
     _state.config = None
     # A test that provokes an internal error on purpose must not show up in the next one.
     _errors.counts.clear()

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import looptrace
-from looptrace import _pipeline
+from looptrace import _export
 from looptrace._transport import RetryPolicy
 from otlp_server import OtlpTestServer
 
@@ -23,13 +23,11 @@ def checked_server(**options: Any) -> Iterator[OtlpTestServer]:
     assert not bad, f"requests that did not decode: {bad}"
 
 
-def install_pipeline(
-    server: OtlpTestServer, *, retry: RetryPolicy, **cfg: Any
-) -> _pipeline.Pipeline:
+def install_pipeline(server: OtlpTestServer, *, retry: RetryPolicy, **cfg: Any) -> _export.Pipeline:
     """Install a pipeline sending to ``server`` (a short flush interval unless given)."""
     cfg.setdefault("flush_interval", 0.05)
     config = looptrace.Config.from_env(endpoint=server.endpoint, **cfg)
-    return _pipeline.install(_pipeline.Pipeline(config, retry_policy=retry))
+    return _export.install(_export.Pipeline(config, retry_policy=retry))
 
 
 def make_spans(count: int, prefix: str = "s", payload: str = "") -> None:

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from looptrace import _batcher
-from looptrace._batcher import PENDING_OVERHEAD_BYTES, Buffer
+from looptrace._export import buffer as _batcher
+from looptrace._export.buffer import PENDING_OVERHEAD_BYTES, Buffer
 from looptrace._span import Span
 
 

@@ -439,12 +439,19 @@ def test_traced_unguarded_script_under_each_start_method(tmp_path: Path, method:
         assert server.accepted_span_count == 4
 
 
-async def test_statistics_show_the_offload(tmp_path: Path) -> None:
+async def test_statistics_show_the_offload() -> None:
     """``looptrace.statistics().offload`` counts spans serialized by workers, the fallbacks
     by reason, and the workers running."""
     import looptrace
+    from otlp_server import OtlpTestServer
 
-    looptrace.configure(store_path=str(tmp_path / "t.db"), flush_interval=0.05)
+    with OtlpTestServer() as server:
+        looptrace.configure(endpoint=server.endpoint, flush_interval=0.05)
+        await _offload_statistics()
+
+
+async def _offload_statistics() -> None:
+    import looptrace
 
     @looptrace.traced
     def handle(request: Any) -> int:

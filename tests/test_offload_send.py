@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import looptrace
-from looptrace import _otlp, _pipeline, _serialize
+from looptrace import _export, _otlp, _serialize
 from looptrace._config import Config
 from looptrace._net import HttpSettings
 from looptrace._offload import Destination, Offloader
@@ -246,7 +246,7 @@ async def test_worker_loads_nothing_of_the_application(
         "__mp_main__",
         "multiprocessing",
         "asyncio",
-        "looptrace._pipeline",
+        "looptrace._export",
         "looptrace._capture",
         "pytest",
     }
@@ -378,7 +378,7 @@ async def test_pipeline_sends_each_large_span_alone(server: OtlpTestServer) -> N
     assert server.accepted_span_count == 8
     sizes = sorted(len(r.spans) for r in server.requests)
     assert sizes[:3] == [1, 1, 1] and sum(sizes) == 8
-    assert pipe._offloader.stats["offloaded"] == 3
+    assert pipe.statistics().offload.offloaded == 3
     assert looptrace.statistics().spans_sent == 8
     await looptrace.shutdown()
 
@@ -412,8 +412,8 @@ async def test_other_transports_get_the_encoded_span_back(server: OtlpTestServer
     from looptrace._transport import HttpTransport
 
     config = looptrace.Config.from_env(endpoint=server.endpoint, flush_interval=0.05)
-    pipe = _pipeline.install(
-        _pipeline.Pipeline(
+    pipe = _export.install(
+        _export.Pipeline(
             config,
             transport_factory=lambda: HttpTransport(server.endpoint),
             retry_policy=FAST_RETRY,
@@ -423,5 +423,6 @@ async def test_other_transports_get_the_encoded_span_back(server: OtlpTestServer
     assert await looptrace.flush(timeout=30)
     assert server.accepted_span_count == 4
     assert server.request_count == 1
-    assert pipe._destination is None
+    assert pipe.exporter._destination is None  # type: ignore[attr-defined]
+    assert pipe.statistics().offload.offloaded == 2
     await looptrace.shutdown()

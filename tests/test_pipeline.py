@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 import looptrace
-from looptrace import _pipeline, _state
-from looptrace._batcher import PENDING_OVERHEAD_BYTES, Buffer
+from looptrace import _export, _state
+from looptrace._export.buffer import PENDING_OVERHEAD_BYTES, Buffer
 from looptrace._span import Span
 from looptrace._transport import (
     HttpTransport,
@@ -190,7 +190,7 @@ async def test_flush_sync_on_the_flusher_loop_does_not_deadlock(server: OtlpTest
     use(server, flush_interval=5.0)  # the loop's flusher lingers: it holds nothing yet
     make_spans(10)
     await asyncio.sleep(0)  # the flusher task now lives on this loop
-    pipeline = _pipeline.current()
+    pipeline = _export.current()
     assert pipeline is not None
     assert pipeline._home is not None
     assert not pipeline._home.private
@@ -243,7 +243,7 @@ async def test_flusher_runs_on_the_running_loop_in_short_slices(
     """With a running asyncio loop the flusher is a task on it (no thread), and it encodes in
     time-budgeted slices that yield to the loop: with a zero budget it yields after every span,
     so another task gets a turn at least once per span encoded."""
-    monkeypatch.setattr(_pipeline, "SLICE_SECONDS", 0.0)
+    monkeypatch.setattr(_export.exporter, "SLICE_SECONDS", 0.0)
     use(server, max_batch_spans=500)
     ticks = 0
 
@@ -259,7 +259,7 @@ async def test_flusher_runs_on_the_running_loop_in_short_slices(
     assert (await looptrace.flush(10)).ok
     stop.set()
     await tick
-    pipeline = _pipeline.current()
+    pipeline = _export.current()
     assert pipeline is not None
     assert pipeline._home is not None
     assert not pipeline._home.private
@@ -280,7 +280,7 @@ async def test_exporter_does_not_trace_itself() -> None:
 
     transport = TracingTransport()
     cfg = looptrace.Config.from_env(endpoint="http://127.0.0.1:9/v1/traces", flush_interval=0.05)
-    pipeline = _pipeline.install(_pipeline.Pipeline(cfg, transport_factory=lambda: transport))
+    pipeline = _export.install(_export.Pipeline(cfg, transport_factory=lambda: transport))
     make_spans(3)
     assert (await looptrace.flush(5)).ok
     assert pipeline.statistics().spans_sent == 3
@@ -413,9 +413,9 @@ async def test_in_memory_transport_scripts_answers() -> None:
 def test_sink_is_the_pipeline_after_first_span(server: OtlpTestServer) -> None:
     """configure() installs a lazy sink; the first span creates the pipeline from the config."""
     looptrace.configure(endpoint=server.endpoint, flush_interval=0.05)
-    assert _pipeline.current() is None
+    assert _export.current() is None
     make_spans(1)
-    pipeline = _pipeline.current()
+    pipeline = _export.current()
     assert pipeline is not None
     assert _state.sink is pipeline
     assert pipeline.cfg.endpoint == server.endpoint
@@ -427,7 +427,7 @@ def test_configure_replaces_the_pipeline_and_sends_what_it_had(server: OtlpTestS
     """A second configure() stops the old pipeline after it sends what it held."""
     use(server, flush_interval=5.0)  # long interval: the spans wait in the old pipeline
     make_spans(7)
-    old = _pipeline.current()
+    old = _export.current()
     assert old is not None
     looptrace.configure(endpoint=server.endpoint, flush_interval=0.05)
     assert old._closed.wait(5)

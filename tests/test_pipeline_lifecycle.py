@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import looptrace
-from looptrace import _pipeline
+from looptrace import _export
 from looptrace._transport import RetryPolicy
 from otlp_server import OtlpTestServer
 from pipeline_support import checked_server, install_pipeline, make_spans
@@ -144,7 +144,7 @@ def test_trio_programs_use_the_private_thread(server: OtlpTestServer) -> None:
     assert result.ok
     assert result.sent == 30
     assert server.accepted_span_count == 30
-    pipeline = _pipeline.current()
+    pipeline = _export.current()
     assert pipeline is not None
     assert pipeline._home is not None
     assert pipeline._home.private
@@ -223,23 +223,23 @@ async def test_first_flush_after_configure_hands_nothing_to_a_thread(
     Without it (a pipeline built by hand), that setup still goes to a thread. Either way the
     spans arrive."""
     handed: list[object] = []
-    real = _pipeline.off_loop
+    real = _export.flusher.off_loop
 
     async def watched(fn: object, *args: object) -> object:
         handed.append(fn)
         return await real(fn, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(_pipeline, "off_loop", watched)
+    monkeypatch.setattr(_export.flusher, "off_loop", watched)
     if configured:
         looptrace.configure(endpoint=server.endpoint, flush_interval=0.05, offload=True)
         make_spans(3)
     else:
-        monkeypatch.setattr(_pipeline, "_serialize_ready", lambda cfg: False)
+        monkeypatch.setattr(_export, "serialize_ready", lambda cfg: False)
         use(server)
         make_spans(3)
     assert (await looptrace.flush(5)).ok
     assert server.accepted_span_count == 3
-    loads = [fn for fn in handed if getattr(fn, "__name__", "") == "_load_codec"]
+    loads = [fn for fn in handed if getattr(fn, "__name__", "") == "load"]
     assert len(loads) == (0 if configured else 1)
 
 
@@ -256,7 +256,7 @@ async def test_shutdown_flushes_then_stops(server: OtlpTestServer) -> None:
     assert looptrace.statistics().spans_sent == 15
     assert server.accepted_span_count == 15
     make_spans(1, "after")
-    assert _pipeline.current() is not pipeline
+    assert _export.current() is not pipeline
     assert (await looptrace.shutdown(5)).sent == 1
 
 

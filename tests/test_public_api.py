@@ -123,7 +123,7 @@ def test_importing_the_package_loads_nothing_else() -> None:
         "loaded = sorted(set(sys.modules) - before)\n"
         "print(' '.join(loaded))\n"
         "looptrace.traced\n"
-        "print('looptrace._pipeline' in sys.modules)\n"
+        "print('looptrace._export' in sys.modules)\n"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -149,11 +149,11 @@ def test_off_changes_nothing(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(
         """
 import pytest
-from looptrace import _pipeline, _state
+from looptrace import _export, _state
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
-    print(f"LOOPTRACE-STATE config={_state.config is not None} pipeline={_pipeline.current()}")
+    print(f"LOOPTRACE-STATE config={_state.config is not None} pipeline={_export.current()}")
 """
     )
     # No traced code in this suite: calling a traced function starts looptrace's pipeline

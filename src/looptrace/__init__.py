@@ -18,13 +18,7 @@ if TYPE_CHECKING:
     from ._config import Config
     from ._context import attach, bind_context, current_span, extract, inject, suppress_tracing
     from ._errors import ConfigurationError, LoopTraceError
-    from ._genai import (
-        instrument_anthropic,
-        instrument_openai,
-        uninstrument_anthropic,
-        uninstrument_openai,
-    )
-    from ._pipeline import (
+    from ._export import (
         FlushResult,
         OffloadStatistics,
         Statistics,
@@ -37,6 +31,12 @@ if TYPE_CHECKING:
         shutdown_on_signal,
         shutdown_sync,
         statistics,
+    )
+    from ._genai import (
+        instrument_anthropic,
+        instrument_openai,
+        uninstrument_anthropic,
+        uninstrument_openai,
     )
     from ._span import Event, Link, NonRecordingSpan, Span, SpanContext, SpanKind, StatusCode
     from .evals import CaseResult, Experiment, ExperimentSummary, Score, experiment, run_experiment
@@ -63,18 +63,18 @@ _ORIGIN = {
     "instrument_openai": "_genai",
     "uninstrument_anthropic": "_genai",
     "uninstrument_openai": "_genai",
-    "FlushResult": "_pipeline",
-    "OffloadStatistics": "_pipeline",
-    "Statistics": "_pipeline",
-    "backpressure": "_pipeline",
-    "configure": "_pipeline",
-    "flush": "_pipeline",
-    "flush_sync": "_pipeline",
-    "get_config": "_pipeline",
-    "shutdown": "_pipeline",
-    "shutdown_on_signal": "_pipeline",
-    "shutdown_sync": "_pipeline",
-    "statistics": "_pipeline",
+    "FlushResult": "_export",
+    "OffloadStatistics": "_export",
+    "Statistics": "_export",
+    "backpressure": "_export",
+    "configure": "_export",
+    "flush": "_export",
+    "flush_sync": "_export",
+    "get_config": "_export",
+    "shutdown": "_export",
+    "shutdown_on_signal": "_export",
+    "shutdown_sync": "_export",
+    "statistics": "_export",
     "Event": "_span",
     "Link": "_span",
     "NonRecordingSpan": "_span",
@@ -111,7 +111,7 @@ def __getattr__(name: str) -> Any:
         # The wiring: capture never imports export, so the capture API brings the pipeline
         # with it here, and not with the first span (which may start on the user's event
         # loop: the export modules take a tenth of a second to import).
-        importlib.import_module(f"{__name__}._pipeline")
+        importlib.import_module(f"{__name__}._export")
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value  # later lookups are plain attribute reads
     return value

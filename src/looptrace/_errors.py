@@ -42,3 +42,12 @@ class LoopTraceError(Exception):
 
 class ConfigurationError(LoopTraceError, ValueError):
     """A setting, from code or from the environment, has an invalid value."""
+
+
+def report_internal(where: str, exc: BaseException) -> None:
+    """:func:`internal_error` for background work (the flusher, its exporter): re-raising there
+    under looptrace's own tests would only end a task, so the error is logged and counted."""
+    try:
+        internal_error(where, exc)
+    except Exception:
+        pass

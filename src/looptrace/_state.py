@@ -1,7 +1,7 @@
 """Process-wide state that the hot path reads: the sink, the hooks, and the capture switches.
 
 Kept as plain module attributes so a capture reads each with one attribute lookup. Only
-``_pipeline.configure`` (and ``looptrace.testing``) write them.
+``_export.configure`` (and ``looptrace.testing``) write them.
 """
 
 from __future__ import annotations

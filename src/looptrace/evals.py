@@ -60,7 +60,7 @@ from typing import IO, Any, TypeVar
 import anyio
 import anyio.to_thread
 
-from . import _clock, _pipeline, _semconv, _state
+from . import _clock, _export, _semconv, _state
 from ._capture import start_root
 from ._context import CURRENT
 from ._errors import LoopTraceError, internal_error
@@ -644,7 +644,7 @@ class Experiment:
         t0 = time.perf_counter()
         self._bp_waiting = True
         try:
-            await _pipeline.backpressure()
+            await _export.backpressure()
         finally:
             self._bp_waiting = False
         waited = time.perf_counter() - t0
@@ -655,7 +655,7 @@ class Experiment:
 
     async def _flush(self) -> None:
         try:
-            result = await _pipeline.flush(timeout=_pipeline.get_config().shutdown_timeout)
+            result = await _export.flush(timeout=_export.get_config().shutdown_timeout)
         except Exception as exc:
             internal_error("evals.flush", exc)
             return
@@ -818,7 +818,7 @@ def _new_root(name: str, attributes: dict[str, Any]) -> Span:
 def _counters() -> tuple[int, int]:
     """(spans sent, spans dropped) from the pipeline, process-wide."""
     try:
-        st = _pipeline.statistics()
+        st = _export.statistics()
         return st.spans_sent, sum(st.dropped.values())
     except Exception as exc:
         internal_error("evals.statistics", exc)

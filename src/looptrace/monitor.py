@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 # The pipeline, for its wiring too: the summary spans need its sink even in a program that
 # traces nothing else.
-from . import _clock, _pipeline, _state
+from . import _clock, _export, _state
 from ._context import CURRENT
 from ._errors import internal_error
 from ._semconv import LOOP_LAG_MAX_MS
@@ -905,7 +905,7 @@ def ensure_from_config(cfg: Config | None = None) -> LagMonitor | None:
     ``configure()`` or at the start of every ``asyncio.run``.
     """
     if cfg is None:
-        cfg = _pipeline.get_config()
+        cfg = _export.get_config()
     loop = _get_running_loop()
     if loop is None:
         return None

@@ -186,10 +186,10 @@ class _Plugin:
 def _new_root(name: str, attributes: dict[str, Any]) -> Span:
     """A span that starts a new trace whatever is active (nothing recorded while disabled)."""
     # The pipeline too, for its wiring: the test spans need its sink.
-    from looptrace import _capture, _pipeline, _state
+    from looptrace import _capture, _export, _state
     from looptrace._span import NonRecordingSpan
 
-    _ = _pipeline
+    _ = _export
 
     if _state.disabled:
         return NonRecordingSpan()

@@ -20,11 +20,11 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from . import _clock, _pipeline, _state
+from . import _clock, _export, _state
 from ._span import Span
 
 # Imported for its wiring: it registers how the lag monitor follows each configuration.
-_ = _pipeline
+_ = _export
 
 __all__ = ["InMemorySink", "SpanCapture", "capture_spans", "deterministic_ids"]
 

@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from typing import Any
 
 # The pipeline, for its wiring too: an LLM call may be the only thing a program traces.
-from .. import _clock, _pipeline, _state
+from .. import _clock, _export, _state
 from .._capture import start_span
 from .._errors import internal_error
 from .._span import Span, SpanKind
@@ -52,7 +52,7 @@ _NOT_RECORDED = frozenset(("extra_headers", "extra_query", "extra_body", "timeou
 def content_enabled() -> bool:
     cfg = _state.config
     if cfg is None:
-        cfg = _pipeline.get_config()
+        cfg = _export.get_config()
     return cfg.capture_genai_content
 
 

@@ -19,7 +19,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import INVALID_SPAN as OTEL_INVALID_SPAN
 from opentelemetry.util import types
 
-from .. import _capture, _pipeline, _state
+from .. import _capture, _export, _state
 from .._context import CURRENT
 from .._errors import internal_error
 from .._span import Span as LoopSpan
@@ -28,7 +28,7 @@ from ._span import KINDS, OTelSpan, from_otel, record_escape, to_looptrace_conte
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_ = _pipeline  # imported for its wiring: the spans made here need the pipeline's sink
+_ = _export  # imported for its wiring: the spans made here need the pipeline's sink
 
 _INTERNAL = otel_trace.SpanKind.INTERNAL
 _attach = otel_context.attach

@@ -54,7 +54,7 @@ class SpanProcessor(SdkSpanProcessor):
         self.force_flush()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        from .._pipeline import flush_sync
+        from .._export import flush_sync
 
         try:
             return flush_sync(timeout_millis / 1000.0).ok

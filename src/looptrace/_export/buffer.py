@@ -26,11 +26,11 @@ from __future__ import annotations
 import collections
 import sys
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sized
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._span import Span
+    from .._span import Span
 
 DROP_REASONS = ("buffer_full", "rejected", "retries_exhausted", "shutdown")
 
@@ -57,7 +57,6 @@ class Batch:
         "chunks",
         "first_failure",
         "hi",
-        "job",
         "lo",
         "lost",
         "nbytes",
@@ -69,14 +68,12 @@ class Batch:
         self.lo = lo  # sequence numbers [lo, hi) of the real spans in this batch
         self.hi = hi
         self.spans: list[Span] | None = spans  # until encoded
-        self.chunks: list[bytes] = []
+        self.chunks: list[Sized] = []  # what the exporter made of the spans, once encoded
         self.nbytes = nbytes  # estimated until encoded, then exact
         self.records = 0  # extra records (in-progress) that are not counted as spans
         self.lost = 0  # spans in [lo, hi) that failed to encode (already counted as dropped)
         self.first_failure: float | None = None
         self.attempts = 0
-        # A large span that a worker process encodes and sends (an ``_offload.Job``).
-        self.job: Any = None
 
     @property
     def span_count(self) -> int:
@@ -298,7 +295,7 @@ class Buffer:
         with self._lock:
             if self._remove_in_flight(batch):
                 self.spans_sent += batch.span_count
-                self.records_sent += len(batch.chunks) + (batch.job is not None)
+                self.records_sent += len(batch.chunks)
 
     def returned(self, batch: Batch) -> None:
         """A send failed: the batch goes back to pending, ahead of newer spans, in order."""
@@ -419,3 +416,30 @@ class Buffer:
 
     def has_pending(self) -> bool:
         return bool(self._q) or bool(self._retry)
+
+
+def halves(batch: Batch) -> list[Batch]:
+    """Split a batch the destination found too large into two, keeping span order."""
+    mid = len(batch.chunks) // 2
+    if batch.span_count:
+        # Spans that failed to encode (``lost``) stay with the first half's range.
+        cut = batch.lo + batch.lost + mid
+        return [
+            part(batch.lo, cut, batch.chunks[:mid], batch.lost),
+            part(cut, batch.hi, batch.chunks[mid:], 0),
+        ]
+    parts = []  # in-progress records only
+    for chunks in (batch.chunks[:mid], batch.chunks[mid:]):
+        piece = part(batch.lo, batch.lo, chunks, 0)
+        piece.records = len(chunks)
+        parts.append(piece)
+    return parts
+
+
+def part(lo: int, hi: int, chunks: list[Sized], lost: int) -> Batch:
+    """A batch of already encoded chunks for the spans [lo, hi), ``lost`` of which failed."""
+    piece = Batch(lo, hi, [], sum(len(c) for c in chunks))
+    piece.spans = None
+    piece.chunks = chunks
+    piece.lost = lost
+    return piece

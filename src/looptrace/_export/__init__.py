@@ -1,0 +1,368 @@
+"""The export stage: spans that end go to a buffer, a flusher batches them, an exporter sends
+them (OTLP/HTTP, or the local store when no endpoint is set).
+
+    capture --(_state.sink: on_start/on_end)--> Pipeline = Flusher (buffer, homes, retries)
+                                                    --> Exporter (otlp_http, store, memory)
+
+This module is where the stages are wired: capture never imports export; this module installs
+itself as capture's sink (``STARTS_PIPELINE``: the first span starts a pipeline from the
+configuration in force) and registers with ``_state`` what capture calls back. The functions
+here (``configure``, ``flush``, ``shutdown``, ``statistics``...) act on the one pipeline
+installed as ``_state.sink``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import os
+import sys
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from .. import _errors, _state
+from .._config import Config
+from .buffer import DROP_REASONS
+from .pipeline import Pipeline
+from .stats import FlushResult, OffloadStatistics, Statistics
+
+if TYPE_CHECKING:
+    from .._span import Span
+
+logger = logging.getLogger("looptrace")
+
+_lock = threading.RLock()
+_pipeline: Pipeline | None = None
+_atexit_registered = False
+
+
+class StartsPipeline:
+    """The sink until a pipeline runs: the first span starts one from the configuration in
+    force, which then replaces this as the sink."""
+
+    def on_start(self, span: Span) -> None:
+        _get_or_create().on_start(span)
+
+    def on_end(self, span: Span) -> None:
+        _get_or_create().on_end(span)
+
+
+STARTS_PIPELINE = StartsPipeline()
+
+
+def _wire_lag_monitor(cfg: Config) -> None:
+    """With ``lag_monitor`` on, the monitor starts on a loop when the first span starts there."""
+    if cfg.lag_monitor and not cfg.disabled:
+        _state.add_hooks(start=_start_lag_monitor)
+    else:
+        _state.remove_hooks(start=_start_lag_monitor)
+
+
+def _start_lag_monitor(span: Span) -> None:
+    """Start the monitor on this loop at its first span, so a stall inside that very span is
+    measured (once per loop: one lookup per span after)."""
+    loop = asyncio._get_running_loop()
+    if loop is None or loop in _monitored:
+        return
+    try:
+        _monitored.add(loop)
+    except TypeError:  # pragma: no cover - a loop without weakref support
+        return
+    from ..monitor import ensure_from_config
+
+    ensure_from_config(_state.config)
+
+
+_monitored: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+
+def _get_or_create() -> Pipeline:
+    global _pipeline, _atexit_registered
+    with _lock:
+        pipeline = _pipeline
+        if pipeline is None or pipeline._closed.is_set():
+            pipeline = _pipeline = Pipeline(get_config())
+            _state.sink = pipeline
+            if not _atexit_registered:
+                atexit.register(_at_exit)
+                _atexit_registered = True
+        return pipeline
+
+
+def install(pipeline: Pipeline) -> Pipeline:
+    """Make ``pipeline`` the process-wide one (tests use this to inject a transport)."""
+    global _pipeline, _atexit_registered
+    with _lock:
+        old, _pipeline = _pipeline, pipeline
+        _state.apply_config(pipeline.cfg)
+        _state.sink = pipeline
+        if not _atexit_registered:
+            atexit.register(_at_exit)
+            _atexit_registered = True
+    if old is not None and old is not pipeline:
+        old.close_soon()
+    return pipeline
+
+
+def current() -> Pipeline | None:
+    """The installed pipeline, if one was created."""
+    return _pipeline
+
+
+def configure(**overrides: Any) -> Config:
+    """Apply settings (environment first, then ``overrides``) and return them.
+
+    A pipeline already running is replaced: it sends what it holds (within its shutdown
+    timeout) in the background, and the next span starts the new one.
+    """
+    global _pipeline
+    cfg = Config.from_env(**overrides)
+    with _lock:
+        _state.apply_config(cfg)
+        old, _pipeline = _pipeline, None
+        _state.sink = STARTS_PIPELINE
+    if old is not None:
+        old.close_soon()
+    if not cfg.disabled:
+        _prepare(cfg)
+    return cfg
+
+
+def _prepare(cfg: Config) -> None:
+    # A start-up step: import the export modules here, once, rather than in a worker thread
+    # during the first drain, where an import holds the GIL against the application's loop
+    # for tens of milliseconds.
+    from .. import _encode, _otlp, _serialize  # noqa: F401
+
+    _serialize.policy(cfg)  # compiles the redaction patterns, 3-4 ms
+    if cfg.offload:
+        from .. import _offload  # noqa: F401
+
+
+_prepared = False
+
+
+def prepare_ahead() -> None:
+    """Do the export path's start-up now (imports, the redaction patterns of the settings in
+    the environment), without applying any settings: ``@traced`` calls it when it decorates,
+    which is usually at import time, so that the first traced call, perhaps on a busy event
+    loop, costs what every other call costs. Once per process; never raises."""
+    global _prepared
+    if _prepared or _state.config is not None:
+        return
+    _prepared = True
+    try:
+        cfg = Config.from_env()
+    except Exception:
+        return  # a bad setting is reported where the settings are applied, not here
+    if not cfg.disabled:
+        _prepare(cfg)
+
+
+def serialize_ready(cfg: Config) -> bool:
+    """Whether the export modules are imported and ``cfg``'s serialization policy is built."""
+    serialize = sys.modules.get("looptrace._serialize")
+    if serialize is None or "looptrace._encode" not in sys.modules:
+        return False
+    if cfg.offload and "looptrace._offload" not in sys.modules:
+        return False
+    return serialize.has_policy(cfg)  # type: ignore[no-any-return]
+
+
+def get_config() -> Config:
+    """The settings in force (read from the environment on first use)."""
+    if _state.config is None:
+        return configure()
+    return _state.config
+
+
+async def flush(timeout: float | None = None) -> FlushResult:
+    """Wait until every span ended before this call is sent (or dropped), at most ``timeout``
+    seconds; never blocks the event loop. Returns what happened and what is still pending."""
+    pipeline = _pipeline
+    if pipeline is None:
+        return FlushResult(0, dict.fromkeys(DROP_REASONS, 0), 0)
+    return await pipeline.flush(timeout)
+
+
+def flush_sync(timeout: float | None = None) -> FlushResult:
+    """:func:`flush` for synchronous code (blocks the calling thread, never deadlocks)."""
+    pipeline = _pipeline
+    if pipeline is None:
+        return FlushResult(0, dict.fromkeys(DROP_REASONS, 0), 0)
+    return pipeline.flush_sync(timeout)
+
+
+async def shutdown(timeout: float | None = None) -> FlushResult:
+    """Flush, then stop the pipeline, all within ``timeout`` (default: LOOPTRACE_SHUTDOWN_TIMEOUT).
+    Spans still unsent at the deadline are dropped and counted as ``shutdown``."""
+    pipeline = _detach()
+    if pipeline is None:
+        return FlushResult(0, dict.fromkeys(DROP_REASONS, 0), 0)
+    return await pipeline.shutdown(timeout)
+
+
+def shutdown_sync(timeout: float | None = None) -> FlushResult:
+    """:func:`shutdown` for synchronous code."""
+    pipeline = _detach()
+    if pipeline is None:
+        return FlushResult(0, dict.fromkeys(DROP_REASONS, 0), 0)
+    return pipeline.shutdown_sync(timeout)
+
+
+def _detach() -> Pipeline | None:
+    """Take the installed pipeline out of service (the next span starts a new one) and keep it
+    as the source of ``statistics()`` until then."""
+    global _pipeline
+    with _lock:
+        pipeline, _pipeline = _pipeline, None
+        if pipeline is not None:
+            _state.sink = STARTS_PIPELINE
+    if pipeline is not None:
+        _last_stats[0] = pipeline
+    return pipeline
+
+
+# After shutdown, statistics() still describes the pipeline that was stopped.
+_last_stats: list[Pipeline | None] = [None]
+
+
+async def backpressure() -> None:
+    """Wait while the bytes queued plus in flight exceed LOOPTRACE_FLUSH_BACKPRESSURE_BYTES."""
+    pipeline = _pipeline
+    if pipeline is not None:
+        await pipeline.backpressure()
+
+
+def statistics() -> Statistics:
+    """A typed snapshot of the pipeline: queued, in flight, sent, retried, dropped by reason."""
+    pipeline = _pipeline or _last_stats[0]
+    if pipeline is None:
+        return Statistics(internal_errors=dict(_errors.counts))
+    return pipeline.statistics()
+
+
+class _AfterExit:
+    """The sink once the exit flush has run: a span that ends later (a generator suspended
+    until the interpreter tears it down) cannot be sent, so it is counted as dropped
+    (``shutdown``) and said once on standard error."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self._pipeline = pipeline
+        self._told = False
+
+    def on_start(self, span: Span) -> None:
+        pass
+
+    def on_end(self, span: Span) -> None:
+        dropped = self._pipeline.buffer.dropped
+        dropped["shutdown"] = dropped.get("shutdown", 0) + 1
+        if self._told:
+            return
+        self._told = True
+        try:
+            stream = sys.stderr
+            if stream is not None:
+                stream.write(
+                    f"looptrace: span {span.name!r} ended after the final flush at exit and "
+                    "was not sent (a generator left suspended?)\n"
+                )
+        except Exception:
+            pass
+
+
+def _at_exit() -> None:
+    pipeline = _pipeline
+    if pipeline is None:
+        return
+    _state.sink = _AfterExit(pipeline)
+    if pipeline.buffer.idle():
+        pipeline._finish_close()  # nothing to send; reports drops not yet logged
+        return
+    _report_lost(pipeline, pipeline.shutdown_sync(pipeline.cfg.shutdown_timeout))
+
+
+def _report_lost(pipeline: Pipeline, result: FlushResult) -> None:
+    lost = sum(result.dropped.values())
+    if lost:
+        # logging's last-resort handler prints this to stderr even when logging is not set up.
+        # Where to and why, never the headers (they carry API keys).
+        where = pipeline.cfg.endpoint or f"the local store {pipeline.cfg.store_path}"
+        logger.warning(
+            "looptrace: %d span(s) could not be sent to %s before exit (%s)%s",
+            lost,
+            where,
+            ", ".join(f"{k}={v}" for k, v in result.dropped.items() if v),
+            f"; last error: {pipeline.last_error}" if pipeline.last_error else "",
+        )
+
+
+def shutdown_on_signal(*signals: int) -> None:
+    """Flush and report, within the shutdown deadline, when the process is told to stop.
+
+    By default SIGTERM ends a Python process at once: no ``atexit`` handler runs, so spans not
+    yet sent are lost without a word. After ``looptrace.shutdown_on_signal()`` (SIGTERM when
+    no signal is named) the signal first runs the same final flush as a normal exit
+    (``shutdown_timeout``), reporting on standard error what could not be sent, then does what
+    it did before: calls the handler that was installed, or, for the default action, ends the
+    process by the same signal (so its exit status still says which). Call it from the main
+    thread, as Python requires of signal handlers."""
+    import signal
+
+    for signum in signals or (signal.SIGTERM,):
+        previous = signal.getsignal(signum)
+
+        def handler(received: int, frame: Any, previous: Any = previous) -> None:
+            pipeline = _pipeline
+            if pipeline is not None:
+                # Detached: if the program goes on after all, its next span starts anew.
+                _report_lost(pipeline, shutdown_sync(pipeline.cfg.shutdown_timeout))
+            if callable(previous):
+                previous(received, frame)
+            elif previous != signal.SIG_IGN:
+                signal.signal(received, signal.SIG_DFL)
+                signal.raise_signal(received)
+
+        signal.signal(signum, handler)
+
+
+def _after_fork_in_child() -> None:
+    # The child starts empty: the parent's spans are the parent's to send, and the parent's
+    # flusher thread and locks do not exist (or are in an unknown state) here.
+    global _pipeline, _lock
+    _lock = threading.RLock()
+    if _pipeline is not None:
+        _pipeline = None
+        _state.sink = STARTS_PIPELINE
+    _last_stats[0] = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+__all__ = [
+    "FlushResult",
+    "OffloadStatistics",
+    "Pipeline",
+    "Statistics",
+    "backpressure",
+    "configure",
+    "flush",
+    "flush_sync",
+    "get_config",
+    "shutdown",
+    "shutdown_on_signal",
+    "shutdown_sync",
+    "statistics",
+]
+
+
+# The wiring from capture up: capture never imports this module's stage, it is told.
+if isinstance(_state.sink, _state.NullSink) and not (_state.config and _state.config.disabled):
+    _state.sink = STARTS_PIPELINE
+_state.config_listeners.append(_wire_lag_monitor)
+_state.prepare_ahead = prepare_ahead
+if _state.config is not None:
+    _wire_lag_monitor(_state.config)

@@ -1,0 +1,142 @@
+"""The flusher's one view of where spans go: an :class:`Exporter`, after OpenTelemetry's split
+of a batch processor over a span exporter.
+
+    exporter.load()                           once, before the first batch (imports, codec)
+    chunks = await exporter.encode(spans)     on the flusher's loop, in short slices
+    session = exporter.session()              one per flusher (an HTTP client is per loop)
+    outcome = await session.export(chunks)    one request, or one transaction
+    exporter.shutdown()
+
+The flusher batches by count and bytes, bounds what is in flight, retries and counts drops; it
+knows nothing of OTLP, HTTP, SQLite or worker processes. An exporter turns each span into a
+chunk whose ``len()`` is what it weighs in a batch (exact bytes on the wire for OTLP), and says
+what became of a batch of chunks as an :class:`Outcome`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import time
+from collections.abc import Sequence, Sized
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .._span import Span
+    from .stats import OffloadStatistics
+
+__all__ = ["SLICE_SECONDS", "Exporter", "Outcome", "Session", "Slices", "Verdict"]
+
+# An exporter's CPU work on the flusher's loop runs in slices of about this long between yields.
+SLICE_SECONDS = 0.001
+
+
+class Verdict(enum.Enum):
+    """What the destination did with a batch, in the terms the flusher acts on."""
+
+    SENT = "sent"
+    """Kept: the batch is done."""
+    RETRY = "retry"
+    """Nothing kept and no answer, or a transient refusal: send it again after a backoff."""
+    TOO_LARGE = "too_large"
+    """Refused for its size: split it in halves and send each at once."""
+    REJECTED = "rejected"
+    """Refused for good (a malformed request, a bad token): drop it and count it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """A :class:`Verdict` with what the flusher reports and honours alongside it."""
+
+    verdict: Verdict
+    error: str = ""
+    """What went wrong, short (``HTTP 503``, ``ConnectError``): rejections are logged once per
+    distinct ``error``. Never a header value."""
+    detail: str = ""
+    """The destination's own words, if any (the start of an HTTP error body)."""
+    retry_after: float | None = None
+    """The destination's own wait before the next attempt (HTTP ``Retry-After``), seconds."""
+
+    def describe(self) -> str:
+        """``error: detail``, for ``statistics().last_error``."""
+        return f"{self.error}: {self.detail}" if self.detail else self.error
+
+
+SENT = Outcome(Verdict.SENT)
+
+
+class Session(Protocol):
+    """An exporter's resources on one flusher's loop (an HTTP connection pool belongs to one
+    loop). Called concurrently, up to ``max_concurrent_requests`` at once."""
+
+    async def export(self, chunks: Sequence[Sized]) -> Outcome:
+        """Deliver ``chunks`` (from :meth:`Exporter.encode`) as one unit. Never raises for a
+        failure of the destination: that is an :class:`Outcome`."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the session holds; called once, on its loop."""
+        ...
+
+
+class Exporter(Protocol):
+    """Where spans go and in what form."""
+
+    def load(self) -> None:
+        """The slow start-up (imports, building the codec). Called once, off the loop unless
+        :meth:`loaded_cheaply` says it is quick."""
+        ...
+
+    def loaded_cheaply(self) -> bool:
+        """Whether :meth:`load` would take well under a millisecond now (its imports done)."""
+        ...
+
+    def estimate(self, span: Span) -> int:
+        """What ``span`` will weigh once encoded, cheaply, for the buffer's byte budget."""
+        ...
+
+    async def encode(self, spans: Sequence[Span]) -> list[Sized | None]:
+        """One chunk per span (None: that span could not be encoded, and was reported).
+        Runs on the flusher's loop and yields to it at least every millisecond."""
+        ...
+
+    def encode_open(self, span: Span) -> Sized:
+        """The chunk for a span still open (an in-progress record of a long root)."""
+        ...
+
+    def alone(self, chunk: Sized) -> bool:
+        """Whether ``chunk`` must be exported by itself (a large span a worker sends)."""
+        ...
+
+    def session(self) -> Session:
+        """A new session for the calling flusher's loop."""
+        ...
+
+    def offload_statistics(self) -> OffloadStatistics:
+        """What worker processes did for this exporter (all zero when it uses none)."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop background resources (worker processes). Sessions are closed separately."""
+        ...
+
+
+class Slices:
+    """Cuts a loop over spans into :data:`SLICE_SECONDS` slices: ``if slices.due(): await
+    slices.pause()`` after each span costs one clock reading."""
+
+    __slots__ = ("_started",)
+
+    def __init__(self) -> None:
+        self._started = time.perf_counter()
+
+    def due(self) -> bool:
+        return time.perf_counter() - self._started > SLICE_SECONDS
+
+    def restart(self) -> None:
+        self._started = time.perf_counter()
+
+    async def pause(self) -> None:
+        await asyncio.sleep(0)
+        self._started = time.perf_counter()

@@ -1,0 +1,506 @@
+"""The flusher: ended spans -> buffer -> batches -> an :class:`~.exporter.Exporter`, several
+batches in flight.
+
+    span.end() -> Flusher.on_end = Buffer.push      (any thread; O(1), no lock, no I/O)
+        | a batch's worth pending, or the first span after idle: kick the flusher (once)
+        v
+    flusher task (a :class:`~.homes.Home`: the app's running asyncio loop, else a private loop
+    in a daemon thread) -- every flush_interval or on a kick, drains everything pending:
+        take <= max_batch_spans / max_batch_bytes -> Exporter.encode (in ~1 ms slices)
+        -> split by exact size -> Session.export, up to max_concurrent_requests at once;
+        the next batch is taken while others fly.
+    RETRY returns a batch to the buffer (ahead of newer spans) and backs off, one probe at a
+    time while the destination fails; TOO_LARGE splits it; REJECTED drops it; the retry
+    budget bounds it all.
+
+:class:`~.pipeline.Pipeline` adds what callers use (flush, backpressure, shutdown, statistics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sized
+from typing import TYPE_CHECKING
+
+from .._context import suppress_tracing
+from .._errors import report_internal
+from .._transport import RetryPolicy, off_loop
+from .buffer import Batch, Buffer, halves, part
+from .exporter import Exporter, Outcome, Verdict
+from .homes import Home, Waiter, running_asyncio_loop, wait_event
+from .open_roots import OpenRoots
+from .retry import Health
+from .stats import DropLog
+
+if TYPE_CHECKING:
+    from .._config import Config
+    from .._span import Span
+
+logger = logging.getLogger("looptrace")
+
+
+class Flusher:
+    """One buffer, its flusher task(s), and the exporter they hand batches to."""
+
+    def __init__(
+        self, cfg: Config, exporter: Exporter, retry_policy: RetryPolicy | None = None
+    ) -> None:
+        self.cfg = cfg
+        self.exporter = exporter
+        self.health = Health(retry_policy or RetryPolicy(budget=cfg.retry_budget))
+        self._lock = threading.Lock()
+        self._homes: list[Home] = []
+        self._home: Home | None = None  # the one producers kick
+        self._dead_loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+        self._waiters: list[Waiter] = []
+        self._closing: float | None = None  # monotonic deadline once shutdown began
+        self._closed = threading.Event()
+        self._drops = DropLog()
+        self._codec_loaded = False
+
+        # Until the codec is loaded (in a worker thread, by the first drain: importing it on the
+        # caller's first span would stall it) spans are estimated at a fixed size.
+        self.buffer = Buffer(
+            cfg.max_buffer_spans,
+            cfg.max_buffer_bytes,
+            cfg.max_batch_spans,
+            cfg.max_batch_bytes,
+            None,
+            self._on_crossing,
+        )
+        self.buffer._on_drop = self._on_drop  # type: ignore[method-assign]
+        # The sink protocol, bound straight to the buffer: span.end() costs one call.
+        self.on_end: Callable[[Span], None] = self.buffer.push
+        self._roots = OpenRoots(cfg.in_progress_after, cfg.flush_interval)
+        self.on_start: Callable[[Span], None] = self._roots.add if cfg.sends_in_progress else ignore
+
+    def __repr__(self) -> str:
+        return f"<looptrace {type(self).__name__} -> {self.exporter!r} queued={self.buffer.queued_spans}>"
+
+    # ------------------------------------------------------------------ the exporter's codec
+    async def _ensure_codec(self) -> None:
+        if self._codec_loaded:
+            return
+        if self.exporter.loaded_cheaply():
+            # configure() did the slow part (imports, the redaction patterns): the rest takes
+            # a fraction of a millisecond, less than starting a thread to do it in, and a
+            # thread doing Python work holds the GIL against this loop for up to 5 ms at a time.
+            self.exporter.load()
+        else:
+            # Imports and the patterns take tens of milliseconds: off the loop, while the
+            # first batch gathers.
+            await off_loop(self.exporter.load)
+        self.buffer._estimate = self.exporter.estimate
+        self._codec_loaded = True
+
+    # ------------------------------------------------------------------ homes
+    def _on_crossing(self) -> None:
+        """A producer crossed a threshold (or there was no flusher): wake or start one."""
+        home = self._home
+        if home is not None and home.alive():
+            home.kick()
+            return
+        # A new flusher starts by letting a batch gather for one interval: no kick.
+        self._ensure_home()
+
+    def _ensure_home(self, prefer_thread: bool = False) -> Home:
+        with self._lock:
+            home = self._home
+            if home is not None and home.alive():
+                return home
+            if home is not None:
+                self._forget(home)
+            loop = None if prefer_thread else running_asyncio_loop()
+            if loop is not None and loop in self._dead_loops:
+                loop = None
+            home = self._start_on_loop(loop) if loop is not None else self._start_thread()
+            self._home = home
+            return home
+
+    def _thread_home(self) -> Home:
+        """A live private-thread flusher (started if needed), without changing the primary."""
+        with self._lock:
+            for home in self._homes:
+                if home.private and home.alive():
+                    return home
+            home = self._start_thread()
+            if self._home is None or not self._home.alive():
+                self._home = home
+            return home
+
+    def _forget(self, home: Home) -> None:
+        if home in self._homes:
+            self._homes.remove(home)
+        if self._home is home:
+            self._home = None
+
+    def _start_on_loop(self, loop: asyncio.AbstractEventLoop) -> Home:
+        home = Home(private=False)
+        home.loop = loop
+        home.thread_id = threading.get_ident()
+        home.event = asyncio.Event()
+        home.slots = asyncio.Semaphore(self.cfg.max_concurrent_requests)
+        coro = self._run_home(home)
+        if sys.version_info >= (3, 11):
+            # An empty context: the flusher must not inherit the span that happened to end first.
+            home.task = loop.create_task(
+                coro, name="looptrace-flusher", context=contextvars.Context()
+            )
+        else:  # pragma: no cover
+            home.task = loop.create_task(coro, name="looptrace-flusher")
+        self._homes.append(home)
+        if self.cfg.lag_monitor:
+            # LOOPTRACE_LAG_MONITOR: every loop that traces gets a monitor, started where the
+            # flusher starts, because that is the first moment looptrace runs on that loop.
+            try:
+                from ..monitor import ensure_from_config
+
+                ensure_from_config(self.cfg)
+            except Exception as exc:
+                report_internal("pipeline.lag_monitor", exc)
+        return home
+
+    def _start_thread(self) -> Home:
+        home = Home(private=True)
+        self._homes.append(home)
+        thread = threading.Thread(
+            target=self._thread_main, args=(home,), name="looptrace-flusher", daemon=True
+        )
+        try:
+            thread.start()
+        except RuntimeError:
+            # "can't create new thread at interpreter shutdown": the caller drains inline.
+            home.done.set()
+            self._homes.remove(home)
+        return home
+
+    def _thread_main(self, home: Home) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            home.loop = loop
+            home.thread_id = threading.get_ident()
+
+            async def main() -> None:
+                home.event = asyncio.Event()
+                home.slots = asyncio.Semaphore(self.cfg.max_concurrent_requests)
+                home.task = asyncio.current_task()
+                await self._run_home(home)
+
+            contextvars.Context().run(loop.run_until_complete, main())
+        except BaseException as exc:  # pragma: no cover - the thread must never die noisily
+            if not isinstance(exc, asyncio.CancelledError):
+                report_internal("pipeline.thread", exc)
+        finally:
+            try:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                # Starts a thread to join the executor's: refused at interpreter exit.
+                with contextlib.suppress(RuntimeError):
+                    loop.run_until_complete(loop.shutdown_default_executor())
+            finally:
+                loop.close()
+                home.done.set()
+
+    async def _run_home(self, home: Home) -> None:
+        with suppress_tracing():
+            try:
+                await self._ensure_codec()
+                await self._flusher_loop(home)
+            except asyncio.CancelledError:
+                if not home.stopping and home.loop is not None:
+                    # The application's loop is going away (asyncio.run ending): never start a
+                    # flusher on it again; what it held goes to the private thread.
+                    try:
+                        self._dead_loops.add(home.loop)
+                    except TypeError:  # pragma: no cover - a loop without weakref support
+                        pass
+                    if self.cfg.lag_monitor:
+                        # Its monitor's last summary window, which the private thread sends.
+                        monitor = sys.modules.get("looptrace.monitor")
+                        if monitor is not None:
+                            monitor.finish_windows(home.loop)
+                raise
+            finally:
+                await self._wind_down(home)
+
+    async def _wind_down(self, home: Home) -> None:
+        for task in list(home.senders):
+            task.cancel()
+        if home.senders:
+            await asyncio.gather(*home.senders, return_exceptions=True)
+        session, home.session = home.session, None
+        if session is not None:
+            try:
+                await asyncio.wait_for(session.aclose(), 1.0)
+            except (Exception, asyncio.CancelledError):
+                pass
+        with self._lock:
+            self._forget(home)
+            others = [h for h in self._homes if h.alive()]
+        home.done.set()
+        if self._closing is not None:
+            if not others:
+                self._finish_close()
+        elif not home.stopping and not self.buffer.idle():
+            self._ensure_home(prefer_thread=True).kick(urgent=home.urgent)
+        elif not others:
+            # Nobody flushes now: the next span starts a flusher wherever it ends.
+            self.buffer.force_slow_path()
+        self._notify()
+
+    def _finish_close(self) -> None:
+        """The last flusher of a closing pipeline has stopped (see :class:`.pipeline.Pipeline`)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ the flusher
+    async def _flusher_loop(self, home: Home) -> None:
+        assert home.event is not None
+        event = home.event
+        interval = self.cfg.flush_interval
+        tracking = self.cfg.sends_in_progress
+        while True:
+            closing = self._closing is not None
+            if closing:
+                if self.buffer.idle():
+                    return  # _wind_down collects the sender tasks that are finishing
+                home.urgent = True
+            idle = not self.buffer.has_pending() and not (tracking and self._roots)
+            pending = self.buffer.arm(first_span=idle)
+            if home.urgent and pending:
+                pass  # a flush or shutdown is waiting: drain now
+            elif idle and not pending:
+                # Nothing to send: sleep without a timer until a span (or an answer) arrives.
+                if closing:
+                    await wait_event(event, interval)
+                else:
+                    await event.wait()
+                event.clear()
+                if not home.urgent:
+                    await wait_event(event, interval)  # let a batch gather
+            else:
+                timeout = interval
+                if tracking and self._roots:
+                    timeout = min(timeout, self._roots.due_in())
+                await wait_event(event, timeout)
+            event.clear()
+            now = time.monotonic()
+            if self.health.retry_at > now:
+                await wait_event(event, self.health.retry_at - now)
+                event.clear()
+            home.urgent = False
+            await self._drain(home)
+
+    async def _drain(self, home: Home) -> None:
+        """Send everything pending now, as slots free up; never wait for a request otherwise."""
+        assert home.slots is not None
+        slots = home.slots
+        cfg = self.cfg
+        if self._roots and cfg.sends_in_progress:
+            records = self._in_progress_batch()
+            if records is not None:
+                await slots.acquire()
+                self._spawn(home, records)
+        health = self.health
+        while health.retry_at <= time.monotonic():
+            if health.failing and self.buffer.in_flight_batches:
+                # The backend is failing: one request probes it at a time. Its answer wakes
+                # this flusher; a success sends everything queued at once.
+                return
+            await slots.acquire()
+            batch = self.buffer.take_retry()
+            if batch is not None:
+                self._spawn(home, batch)
+                continue
+            batch = self.buffer.take(cfg.max_batch_spans, cfg.max_batch_bytes)
+            if batch is None:
+                slots.release()
+                return
+            try:
+                parts = await self._encode(batch)
+            except BaseException:
+                slots.release()
+                self.buffer.returned(batch)
+                raise
+            for i, piece in enumerate(parts):
+                if i:
+                    await slots.acquire()
+                self._spawn(home, piece)
+
+    def _spawn(self, home: Home, batch: Batch) -> None:
+        assert home.loop is not None
+        home.sending.add(batch)
+        task = home.loop.create_task(self._send(home, batch))
+        home.senders.add(task)
+        task.add_done_callback(home.senders.discard)
+
+    async def _encode(self, batch: Batch) -> list[Batch]:
+        """The exporter encodes each span (in ~1 ms slices); split by exact size."""
+        spans = batch.spans or []
+        batch.spans = None
+        chunks = await self.exporter.encode(spans)
+        lost = sum(1 for c in chunks if c is None)
+        if lost:
+            self.buffer.count_drop("rejected", lost)
+        return self._split(batch, chunks)
+
+    def _split(self, batch: Batch, chunks: list[Sized | None]) -> list[Batch]:
+        """One batch per max_batch_bytes of encoded spans (estimates can be off); a chunk the
+        exporter sends alone (a large span a worker sends) is a batch of its own."""
+        limit = self.cfg.max_batch_bytes
+        alone = self.exporter.alone
+        bounds: list[tuple[int, int]] = []
+        singles = False
+        start = size = 0
+        for i, chunk in enumerate(chunks):
+            if chunk is None or not alone(chunk):
+                n = len(chunk) if chunk is not None else 0
+                if size and size + n > limit:
+                    bounds.append((start, i))
+                    start, size = i, 0
+                size += n
+                continue
+            singles = True
+            if i > start:
+                bounds.append((start, i))
+            bounds.append((i, i + 1))
+            start, size = i + 1, 0
+        if start < len(chunks) or not bounds:
+            bounds.append((start, len(chunks)))
+        if len(bounds) == 1 and not singles:
+            batch.chunks = [c for c in chunks if c is not None]
+            batch.lost = len(chunks) - len(batch.chunks)
+            self.buffer.resize(batch, size)
+            return [batch]
+        parts = []
+        for start, end in bounds:
+            kept = [c for c in chunks[start:end] if c is not None]
+            parts.append(part(batch.lo + start, batch.lo + end, kept, end - start - len(kept)))
+        self.buffer.replace(batch, parts)
+        return parts
+
+    # ------------------------------------------------------------------ in-progress records
+    def _in_progress_batch(self) -> Batch | None:
+        """Records for long-running roots still open."""
+        chunks = []
+        for span in self._roots.take_due():
+            try:
+                chunks.append(self.exporter.encode_open(span))
+            except Exception as exc:
+                report_internal("pipeline.in_progress", exc)
+        if not chunks:
+            return None
+        lo = self.buffer.flush_target()
+        batch = Batch(lo, lo, [], sum(len(c) for c in chunks))
+        batch.spans = None
+        batch.chunks = chunks
+        batch.records = len(chunks)
+        self.buffer.track(batch)
+        return batch
+
+    # ------------------------------------------------------------------ sending
+    async def _send(self, home: Home, batch: Batch) -> None:
+        assert home.slots is not None
+        try:
+            await self._send_once(home, batch)
+        except asyncio.CancelledError:
+            self.buffer.returned(batch)
+            raise
+        except Exception as exc:
+            self.buffer.returned(batch)
+            report_internal("pipeline.send", exc)
+        finally:
+            home.sending.discard(batch)
+            home.slots.release()
+            if home.event is not None:
+                home.event.set()  # a slot is free, and a shutdown waits for the last answer
+            self._notify()
+
+    async def _send_once(self, home: Home, batch: Batch) -> None:
+        if home.session is None:
+            home.session = self.exporter.session()
+        self._answered(batch, await home.session.export(batch.chunks))
+
+    def _answered(self, batch: Batch, outcome: Outcome) -> None:
+        """Apply the retry rules to what became of ``batch``."""
+        verdict = outcome.verdict
+        if verdict is Verdict.SENT:
+            self.health.sent()
+            self.buffer.sent(batch)
+        elif verdict is Verdict.RETRY:
+            self._failed(batch, outcome.describe(), outcome.retry_after)
+        elif verdict is Verdict.TOO_LARGE and len(batch.chunks) > 1:
+            self.health.too_large(outcome)
+            parts = halves(batch)
+            self.buffer.replace(batch, parts)
+            # Back to pending (ahead of newer spans, no backoff): the drain sends them at once.
+            for part in parts:
+                self.buffer.returned(part)
+        else:
+            self._rejected(batch, outcome)
+
+    def _failed(self, batch: Batch, error: str, retry_after: float | None) -> None:
+        if batch.first_failure is None:
+            batch.first_failure = time.monotonic()
+        if self.health.failed(error, retry_after, batch.first_failure):
+            batch.attempts += 1
+            self.buffer.returned(batch)
+        else:
+            self.buffer.drop(batch, "retries_exhausted")
+
+    def _rejected(self, batch: Batch, outcome: Outcome) -> None:
+        if self.health.rejected(outcome):
+            logger.warning(
+                "looptrace: the backend rejected a batch with %s (%s); such batches are "
+                "dropped (logged once per status)",
+                outcome.error,
+                outcome.detail or "no detail",
+            )
+        self.buffer.drop(batch, "rejected")
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def requests_sent(self) -> int:
+        return self.health.requests_sent
+
+    @property
+    def requests_failed(self) -> int:
+        return self.health.requests_failed
+
+    @property
+    def retries(self) -> int:
+        return self.health.retries
+
+    @property
+    def last_error(self) -> str | None:
+        return self.health.last_error
+
+    # ------------------------------------------------------------------ waiting and notifying
+    def _notify(self) -> None:
+        if not self._waiters:
+            return
+        mark = self.buffer.watermark()
+        under = self.buffer.outstanding_bytes <= self.cfg.backpressure_bytes
+        with self._lock:
+            fire = [
+                w
+                for w in self._waiters
+                if (w.target >= 0 and w.target <= mark) or (w.target < 0 and under)
+            ]
+            for w in fire:
+                self._waiters.remove(w)
+        for w in fire:
+            w.fire()
+
+    def _on_drop(self, reason: str, count: int) -> None:
+        self._drops.dropped(reason, count)
+        self._notify()
+
+
+def ignore(span: Span) -> None:
+    pass

@@ -1,0 +1,51 @@
+"""Roots still open, for ``sends_in_progress``: a root that has run longer than
+``in_progress_after`` is sent as an in-progress record, so a long run shows up in the viewer
+before it ends. A root that ends first is skipped: its one final record says it all."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from .. import _clock
+
+if TYPE_CHECKING:
+    from .._span import Span
+
+__all__ = ["OpenRoots"]
+
+
+class OpenRoots:
+    """Started roots in start order; ``add`` is the sink's ``on_start`` (any thread, O(1))."""
+
+    def __init__(self, after: float, interval: float) -> None:
+        self._after = after
+        self._interval = interval
+        self._roots: deque[Span] = deque()
+        self.add = self._roots.append
+
+    def __bool__(self) -> bool:
+        return bool(self._roots)
+
+    def due_in(self) -> float:
+        """Seconds until the oldest open root is due a record."""
+        roots = self._roots
+        if not roots:
+            return self._interval
+        age = (_clock.now_ns() - roots[0].start_ns) / 1e9
+        return max(0.01, self._after - age)
+
+    def take_due(self) -> list[Span]:
+        """The open roots older than ``in_progress_after`` (each is sent once); ended roots are
+        forgotten."""
+        roots = self._roots
+        cutoff = _clock.now_ns() - int(self._after * 1e9)
+        keep: list[Span] = []
+        due: list[Span] = []
+        for _ in range(len(roots)):
+            span = roots.popleft()
+            if span.end_ns:
+                continue
+            (due if span.start_ns <= cutoff else keep).append(span)
+        roots.extendleft(reversed(keep))
+        return due

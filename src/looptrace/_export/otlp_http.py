@@ -1,0 +1,255 @@
+"""The OTLP/HTTP exporter: each span encoded once (large ones in a worker process), each batch
+one request, compressed, over a :class:`~looptrace._transport.Transport`.
+
+    encode:  SpanEncoder.plan -> SpanEncoder.encode            (bytes; the common case)
+                              -> Offloader.submit              (bytes, from a worker)
+                              -> Offloader.job                 (a span a worker sends itself)
+    export:  encode_request(chunks) -> compress -> Transport.send -> Outcome
+
+A worker sends a large span itself only where the spans go over plain OTLP/HTTP with the
+default transport: then its bytes never come back to this process. With any other transport
+the worker hands the encoded span back and it travels like any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence, Sized
+from typing import TYPE_CHECKING
+
+import httpx
+
+from .. import _errors
+from .._net import HttpSettings
+from .._transport import (
+    HttpTransport,
+    Response,
+    RetryPolicy,
+    Transport,
+    in_background,
+    parse_retry_after,
+)
+from .exporter import SENT, Outcome, Slices, Verdict
+from .stats import OffloadStatistics
+
+if TYPE_CHECKING:
+    from .._config import Config
+    from .._encode import SpanEncoder
+    from .._offload import Destination, Job, Offloader
+    from .._otlp import Resource
+    from .._span import Span
+
+__all__ = ["OtlpHttpExporter"]
+
+# Request bodies above this are compressed in a worker thread (zlib and zstd release the GIL).
+COMPRESS_IN_THREAD_BYTES = 64 * 1024
+
+
+class OtlpHttpExporter:
+    """OTLP over HTTP to ``cfg.endpoint``; ``transport_factory`` replaces the HTTP transport
+    (one transport per flusher loop)."""
+
+    def __init__(
+        self, cfg: Config, transport_factory: Callable[[], Transport] | None = None
+    ) -> None:
+        self.cfg = cfg
+        self._custom_transport = transport_factory is not None
+        self._transport_factory = transport_factory or self._http_transport
+        self._offloader: Offloader | None = None
+        self._destination: Destination | None = None
+        self._estimate: Callable[[Span], int] | None = None
+
+    def __repr__(self) -> str:
+        return f"OtlpHttpExporter({self.cfg.endpoint!r})"
+
+    def _http_transport(self) -> Transport:
+        return HttpTransport(HttpSettings.from_config(self.cfg))
+
+    # ------------------------------------------------------------------ the codec
+    def loaded_cheaply(self) -> bool:
+        from . import serialize_ready
+
+        return serialize_ready(self.cfg)
+
+    def load(self) -> None:
+        from .. import _otlp, _serialize
+        from .._encode import SpanEncoder
+
+        cfg = self.cfg
+        self.resource: Resource = _otlp.default_resource(cfg)
+        self.content_type = _otlp.content_type(cfg.encoding)
+        self.encode_request = _otlp.encode_request
+        self.compress = _otlp.compress
+        self.span_encoder: SpanEncoder = SpanEncoder(cfg)
+        if cfg.offload:
+            # Started at the first large span; at interpreter exit, when no thread can start
+            # it, large spans are serialized inline.
+            from .._offload import Destination, Offloader
+
+            self._offloader = Offloader()
+            if not self._custom_transport:
+                self._destination = Destination(
+                    HttpSettings.from_config(cfg), cfg.encoding, cfg.compression, self.resource
+                )
+        self._estimate = _serialize.estimate_size
+
+    def estimate(self, span: Span) -> int:
+        assert self._estimate is not None
+        return self._estimate(span)
+
+    async def encode(self, spans: Sequence[Span]) -> list[Sized | None]:
+        """Encode each span, or hand it to a worker, in ~1 ms slices."""
+        from .._encode import OFFLOAD
+        from .._offload import STARTABLE
+
+        cfg = self.cfg
+        encoding = cfg.encoding
+        plan, encode = self.span_encoder.plan, self.span_encoder.encode
+        offloader = self._offloader
+        remote = self._destination is not None
+        estimate = self.estimate
+        chunks: list[Sized | None] = [None] * len(spans)
+        offloaded: list[tuple[int, Awaitable[bytes]]] = []
+        slices = Slices()
+        for i, span in enumerate(spans):
+            try:
+                flags = plan(span)
+                if flags & OFFLOAD and offloader is not None:
+                    if remote:
+                        # Travels alone, encoded and sent by a worker; the hooks run now.
+                        chunks[i] = offloader.job(span, cfg, encoding, estimate(span))
+                        continue
+                    if offloader.state in STARTABLE:
+                        # Start the pool before the first handoff, so that every handoff of
+                        # this drain happens inside a time slice, not all at once after it.
+                        await offloader.ready()
+                        slices.restart()
+                    # The handoff (hooks, pickling) runs here, inside the time slice, so a drain
+                    # of many large spans yields between them; only the results are awaited.
+                    offloaded.append((i, offloader.submit(span, cfg, encoding)))
+                else:
+                    chunks[i] = encode(span, flags)
+            except Exception as exc:
+                _errors.report_internal("pipeline.encode", exc)
+            if slices.due():
+                await slices.pause()
+        if offloaded:
+            results = await asyncio.gather(*(aw for _, aw in offloaded), return_exceptions=True)
+            for (i, _), result in zip(offloaded, results, strict=True):
+                if isinstance(result, bytes):
+                    chunks[i] = result
+                elif isinstance(result, BaseException):
+                    _errors.report_internal("pipeline.offload", result)
+        return chunks
+
+    def encode_open(self, span: Span) -> Sized:
+        return self.span_encoder.encode(span, 0)
+
+    def alone(self, chunk: Sized) -> bool:
+        return not isinstance(chunk, bytes)
+
+    # ------------------------------------------------------------------ sending
+    def session(self) -> _Session:
+        return _Session(self)
+
+    def offload_statistics(self) -> OffloadStatistics:
+        offloader = self._offloader
+        if offloader is None:
+            return OffloadStatistics()
+        from .._offload import FALLBACKS
+
+        stats = offloader.stats
+        return OffloadStatistics(
+            offloaded=stats["offloaded"],
+            fallbacks={reason: stats[reason] for reason in FALLBACKS},
+            workers_alive=offloader.workers_alive(),
+        )
+
+    def shutdown(self) -> None:
+        offloader, self._offloader = self._offloader, None
+        if offloader is not None:
+            offloader.shutdown(wait=False)
+
+
+class _Session:
+    """The exporter on one flusher's loop: its own transport, made on first use."""
+
+    def __init__(self, exporter: OtlpHttpExporter) -> None:
+        self._exporter = exporter
+        self._transport: Transport | None = None
+
+    async def export(self, chunks: Sequence[Sized]) -> Outcome:
+        exporter = self._exporter
+        if len(chunks) == 1 and not isinstance(chunks[0], bytes):
+            delivered = await self._deliver(chunks[0])  # type: ignore[arg-type]
+            if isinstance(delivered, Outcome):
+                return delivered
+            chunks = [delivered]
+        body = exporter.encode_request(chunks, exporter.resource, exporter.cfg.encoding)  # type: ignore[arg-type]
+        compression = exporter.cfg.compression
+        content_encoding = None
+        if compression != "none":
+            if len(body) > COMPRESS_IN_THREAD_BYTES:
+                body, content_encoding = await in_background(exporter.compress, body, compression)
+            else:
+                body, content_encoding = exporter.compress(body, compression)
+        headers = {"Content-Type": exporter.content_type}
+        if content_encoding:
+            headers["Content-Encoding"] = content_encoding
+        if self._transport is None:
+            self._transport = exporter._transport_factory()
+        try:
+            response = await self._transport.send(body, headers)
+        except (OSError, httpx.TransportError, asyncio.TimeoutError) as exc:
+            return Outcome(Verdict.RETRY, _describe(exc))
+        return outcome_of(response)
+
+    async def _deliver(self, job: Job) -> Outcome | bytes:
+        """A worker sends ``job`` itself; the encoded span when no worker could take it."""
+        offloader = self._exporter._offloader
+        destination = self._exporter._destination
+        if offloader is None or destination is None:  # shut down under this send
+            return Outcome(Verdict.RETRY, "shut down")
+        from .._offload import Unsent
+
+        delivered = await offloader.deliver(job, destination)
+        if isinstance(delivered, Unsent):
+            return Outcome(Verdict.RETRY, str(delivered))
+        if isinstance(delivered, Response):
+            return outcome_of(delivered)
+        return delivered
+
+    async def aclose(self) -> None:
+        transport, self._transport = self._transport, None
+        if transport is not None:
+            await transport.aclose()
+
+
+def outcome_of(response: Response) -> Outcome:
+    """An HTTP answer in the flusher's terms (the OTLP/HTTP spec's retryable statuses)."""
+    status = response.status
+    verdict = RetryPolicy.classify(status)
+    if verdict == "ok":
+        return SENT
+    error = f"HTTP {status}"
+    if verdict == "retry":
+        return Outcome(
+            Verdict.RETRY, error, retry_after=parse_retry_after(_header(response, "retry-after"))
+        )
+    detail = bytes(response.body[:200]).decode("utf-8", "replace")
+    return Outcome(Verdict.TOO_LARGE if verdict == "split" else Verdict.REJECTED, error, detail)
+
+
+def _header(response: Response, name: str) -> str | None:
+    headers = response.headers
+    value = headers.get(name)
+    if value is not None:
+        return value
+    for key, value in headers.items():
+        if key.lower() == name:
+            return value
+    return None
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -1,0 +1,309 @@
+"""The pipeline callers see: a :class:`~.flusher.Flusher` with the waiting, the shutdown and the
+statistics that ``looptrace.flush()``, ``shutdown()`` and ``statistics()`` ask of it.
+
+``flush`` and ``shutdown`` share one deadline; a caller on the loop that hosts the flusher never
+blocks it (the spans go to the private thread's flusher instead); after the deadline what is
+still held is dropped, counted as ``shutdown``, and said once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .. import _errors
+from .._transport import RetryPolicy, Transport
+from .exporter import Exporter
+from .flusher import Flusher, ignore
+from .homes import Home, Waiter, running_asyncio_loop, wait_future
+from .stats import FlushResult, Statistics
+
+if TYPE_CHECKING:
+    from .._config import Config
+
+__all__ = ["Pipeline", "default_exporter"]
+
+logger = logging.getLogger("looptrace")
+
+
+def default_exporter(
+    cfg: Config, transport_factory: Callable[[], Transport] | None = None
+) -> Exporter:
+    """OTLP/HTTP to ``cfg.endpoint`` (or to ``transport_factory``'s transports); with neither,
+    the local store."""
+    if cfg.endpoint is None and transport_factory is None:
+        from .store import StoreExporter
+
+        return StoreExporter(cfg)
+    from .otlp_http import OtlpHttpExporter
+
+    return OtlpHttpExporter(cfg, transport_factory)
+
+
+class Pipeline(Flusher):
+    """The buffer, its flushers and their exporter, installed as ``_state.sink``."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        transport_factory: Callable[[], Transport] | None = None,
+        retry_policy: RetryPolicy | None = None,
+        exporter: Exporter | None = None,
+    ) -> None:
+        super().__init__(cfg, exporter or default_exporter(cfg, transport_factory), retry_policy)
+
+    def _kick(self, urgent: bool) -> Home:
+        home = self._home
+        if home is None or not home.alive():
+            home = self._ensure_home()
+        home.kick(urgent)
+        return home
+
+    def _counters(self) -> tuple[int, dict[str, int]]:
+        return self.buffer.spans_sent, dict(self.buffer.dropped)
+
+    def _result(self, before: tuple[int, dict[str, int]], target: int) -> FlushResult:
+        sent, dropped = self._counters()
+        return FlushResult(
+            sent=sent - before[0],
+            dropped={k: v - before[1].get(k, 0) for k, v in dropped.items()},
+            pending=self.buffer.unresolved_before(target),
+        )
+
+    async def flush(self, timeout: float | None = None) -> FlushResult:
+        """Wait (without blocking the loop) until every span ended before the call is resolved."""
+        loop = running_asyncio_loop()
+        if loop is None:
+            import anyio.to_thread
+
+            return await anyio.to_thread.run_sync(self.flush_sync, timeout, abandon_on_cancel=True)
+        before = self._counters()
+        target = self.buffer.flush_target()
+        if self.buffer.watermark() < target:
+            waiter = Waiter(target, loop, loop.create_future())
+            self._add_waiter(waiter)
+            home = self._kick(urgent=True)
+            if home.loop is not loop and home.loop is not None and not home.loop.is_running():
+                self._thread_home().kick(urgent=True)
+            assert waiter.future is not None
+            try:
+                await wait_future(waiter.future, timeout)
+            finally:
+                self._remove_waiter(waiter)
+        return self._result(before, target)
+
+    def flush_sync(self, timeout: float | None = None) -> FlushResult:
+        """Block this thread until the spans ended before the call are resolved.
+
+        Called on the thread whose loop hosts the flusher, that flusher cannot run while we
+        block: the pending spans are handed to the private thread instead, and batches that
+        loop already had in flight are reported as pending.
+        """
+        before = self._counters()
+        target = self.buffer.flush_target()
+        if self.buffer.watermark() >= target:
+            return self._result(before, target)
+        waiter = Waiter(target)
+        self._add_waiter(waiter)
+        try:
+            home = self._home
+            if (
+                home is None
+                or not home.alive()
+                or home.thread_id == threading.get_ident()
+                or (home.loop is not None and not home.loop.is_running() and not home.private)
+            ):
+                if home is not None and home.alive():
+                    # That loop cannot run while we wait: its requests will not complete.
+                    # Send them again from the private thread (a duplicate at worst).
+                    for batch in list(home.sending):
+                        self.buffer.returned(batch)
+                home = self._thread_home()
+            if home.done.is_set():  # no thread could be started (interpreter shutdown)
+                self._drain_inline(waiter, timeout)
+            else:
+                home.kick(urgent=True)
+                assert waiter.event is not None
+                waiter.event.wait(timeout)
+        finally:
+            self._remove_waiter(waiter)
+        return self._result(before, target)
+
+    def _drain_inline(self, waiter: Waiter, timeout: float | None) -> None:
+        """Flush on a temporary loop in this thread (when no thread can be started)."""
+        if running_asyncio_loop() is not None:
+            return
+
+        async def main() -> None:
+            home = Home(private=True)
+            home.loop = asyncio.get_running_loop()
+            home.thread_id = threading.get_ident()
+            home.event = asyncio.Event()
+            home.slots = asyncio.Semaphore(self.cfg.max_concurrent_requests)
+            home.task = asyncio.current_task()
+            home.urgent = True
+            home.stopping = True
+            with self._lock:
+                self._homes.append(home)
+            assert waiter.event is not None
+            runner = asyncio.ensure_future(self._run_home(home))
+            try:
+                while not waiter.event.is_set() and not runner.done():
+                    await asyncio.sleep(0.005)
+            finally:
+                runner.cancel()
+                await asyncio.gather(runner, return_exceptions=True)
+
+        try:
+            asyncio.run(asyncio.wait_for(main(), timeout))
+        except (asyncio.TimeoutError, RuntimeError):
+            pass
+
+    def _add_waiter(self, waiter: Waiter) -> None:
+        with self._lock:
+            self._waiters.append(waiter)
+        self._notify()
+
+    def _remove_waiter(self, waiter: Waiter) -> None:
+        with self._lock:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    async def backpressure(self) -> None:
+        """Wait while the bytes pending plus in flight exceed ``cfg.backpressure_bytes``."""
+        limit = self.cfg.backpressure_bytes
+        if self.buffer.outstanding_bytes <= limit:
+            return
+        loop = running_asyncio_loop()
+        if loop is None:
+            import anyio
+
+            while self.buffer.outstanding_bytes > limit:
+                self._kick(urgent=True)
+                await anyio.sleep(self.cfg.flush_interval / 4)
+            return
+        while self.buffer.outstanding_bytes > limit:
+            waiter = Waiter(-1, loop, loop.create_future())
+            self._add_waiter(waiter)
+            self._kick(urgent=True)
+            assert waiter.future is not None
+            try:
+                # The timeout only guards against a lost wake-up; the waiter normally fires.
+                await wait_future(waiter.future, self.cfg.flush_interval)
+            finally:
+                self._remove_waiter(waiter)
+
+    # ------------------------------------------------------------------ shutdown
+    def _begin_close(self, deadline: float) -> list[Home]:
+        with self._lock:
+            if self._closing is None or deadline < self._closing:
+                self._closing = deadline
+            homes = [h for h in self._homes if h.alive()]
+        if not homes:
+            if self.buffer.idle():
+                self._finish_close()
+                return []
+            homes = [self._thread_home()]
+        for home in homes:
+            home.kick(urgent=True)
+        return homes
+
+    def _stop_homes(self) -> None:
+        with self._lock:
+            homes = list(self._homes)
+        for home in homes:
+            home.cancel()
+
+    def _finish_close(self) -> None:
+        """Everything still held is dropped now; say so once."""
+        if self._closed.is_set():
+            return
+        pending = self.buffer.drop_pending("shutdown")
+        in_flight = self.buffer.drop_in_flight("shutdown")
+        self._closed.set()
+        self._drops.close()
+        self.exporter.shutdown()
+        self.on_end = ignore
+        self.on_start = ignore
+        if pending or in_flight:
+            logger.warning(
+                "looptrace: shutdown deadline passed with %d span(s) unsent (%d queued, %d in "
+                "flight); last error: %s",
+                pending + in_flight,
+                pending,
+                in_flight,
+                self.last_error or "none",
+            )
+        self._notify()
+
+    def shutdown_sync(self, timeout: float | None = None) -> FlushResult:
+        """Send what is held, within ``timeout`` (default cfg.shutdown_timeout), then stop."""
+        timeout = self.cfg.shutdown_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        before = self._counters()
+        target = self.buffer.flush_target()
+        result_wait = self.flush_sync(timeout)
+        del result_wait
+        homes = self._begin_close(deadline)
+        self._stop_homes()
+        for home in homes:
+            if home.thread_id != threading.get_ident():
+                home.done.wait(max(0.0, deadline - time.monotonic()) + 0.5)
+        self._finish_close()
+        return self._result(before, target)
+
+    async def shutdown(self, timeout: float | None = None) -> FlushResult:
+        """Async twin of :meth:`shutdown_sync`; never blocks the loop."""
+        timeout = self.cfg.shutdown_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        before = self._counters()
+        target = self.buffer.flush_target()
+        await self.flush(timeout)
+        homes = self._begin_close(deadline)
+        self._stop_homes()
+        loop = running_asyncio_loop()
+        for home in homes:
+            left = max(0.0, deadline - time.monotonic()) + 0.5
+            if home.task is not None and home.loop is loop:
+                await asyncio.wait([home.task], timeout=left)
+            elif loop is not None:
+                await asyncio.to_thread(home.done.wait, left)
+        self._finish_close()
+        return self._result(before, target)
+
+    def close_soon(self) -> None:
+        """Stop in the background (``configure`` replacing this pipeline): drain what is held
+        within cfg.shutdown_timeout, without making the caller wait."""
+        deadline = time.monotonic() + self.cfg.shutdown_timeout
+        homes = self._begin_close(deadline)
+        for home in homes:
+            loop = home.loop
+            if loop is None:
+                continue
+            delay = max(0.0, deadline - time.monotonic())
+            try:
+                loop.call_soon_threadsafe(loop.call_later, delay, home.cancel)
+            except RuntimeError:
+                pass
+
+    # ------------------------------------------------------------------ reading
+    def statistics(self) -> Statistics:
+        b = self.buffer
+        return Statistics(
+            queued_spans=b.queued_spans,
+            queued_bytes=b.queued_bytes,
+            in_flight_spans=b.in_flight_spans,
+            in_flight_bytes=b.in_flight_bytes,
+            requests_sent=self.requests_sent,
+            requests_failed=self.requests_failed,
+            retries=self.retries,
+            spans_sent=b.spans_sent,
+            dropped=dict(b.dropped),
+            last_error=self.last_error,
+            internal_errors=dict(_errors.counts),
+            offload=self.exporter.offload_statistics(),
+        )

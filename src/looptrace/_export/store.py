@@ -1,0 +1,191 @@
+"""The local store's exporter (no endpoint configured): spans go into SQLite as the rows the
+collector would have made of them, with no OTLP encoding, compression or decoding between.
+
+    encode:  to_wire(span) -> DecodedSpan          on the flusher's loop, in ~1 ms slices
+    export:  Store.write(rows)                      in a worker thread; SENT after the commit
+
+A store that is locked past its busy timeout, full or read-only answers RETRY, so the flusher
+backs off and tries again, as for a backend that is down.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Sequence, Sized
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import _errors
+from .._transport import off_loop
+from .._wire import DecodedSpan, WireSpan
+from .exporter import SENT, Outcome, Slices, Verdict
+from .stats import OffloadStatistics
+
+if TYPE_CHECKING:
+    from .._config import Config
+    from .._span import Span
+    from .._store import Store
+
+__all__ = ["StoreExporter", "decoded"]
+
+
+class Row:
+    """A span as the store reads it, and what it weighs in a batch."""
+
+    __slots__ = ("nbytes", "span")
+
+    def __init__(self, span: DecodedSpan, nbytes: int) -> None:
+        self.span = span
+        self.nbytes = nbytes
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+
+class StoreExporter:
+    """Writes to the SQLite store at ``cfg.store_path``, with the retention the configuration
+    sets (``store_max_age_days``, ``store_max_bytes``)."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.path = Path(cfg.store_path)
+        self._estimate: Any = None
+        self._to_wire: Any = None
+
+    def __repr__(self) -> str:
+        return f"StoreExporter({str(self.path)!r})"
+
+    def loaded_cheaply(self) -> bool:
+        from . import serialize_ready
+
+        return serialize_ready(self.cfg)
+
+    def load(self) -> None:
+        from .. import _otlp, _serialize
+
+        resource = _otlp.default_resource(self.cfg)
+        self._resource = dict(resource.attributes)
+        self._scope = (resource.scope_name, resource.scope_version)
+        self._estimate = _serialize.estimate_size
+        self._to_wire = _serialize.to_wire
+
+    def estimate(self, span: Span) -> int:
+        return int(self._estimate(span))
+
+    async def encode(self, spans: Sequence[Span]) -> list[Sized | None]:
+        chunks: list[Sized | None] = [None] * len(spans)
+        slices = Slices()
+        for i, span in enumerate(spans):
+            try:
+                chunks[i] = self.encode_open(span)
+            except Exception as exc:
+                _errors.report_internal("pipeline.encode", exc)
+            if slices.due():
+                await slices.pause()
+        return chunks
+
+    def encode_open(self, span: Span) -> Sized:
+        wire = self._to_wire(span, self.cfg)
+        return Row(decoded(wire, self._resource, self._scope), self._estimate(span))
+
+    def alone(self, chunk: Sized) -> bool:
+        return False
+
+    def session(self) -> _Session:
+        return _Session(self)
+
+    def offload_statistics(self) -> OffloadStatistics:
+        return OffloadStatistics()
+
+    def shutdown(self) -> None:
+        pass
+
+
+class _Session:
+    """One connection set to the store per flusher, opened in a worker thread at first use."""
+
+    def __init__(self, exporter: StoreExporter) -> None:
+        self._exporter = exporter
+        self._store: Store | None = None
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    @property
+    def store(self) -> Store:
+        from .._store import Store
+
+        with self._lock:
+            if self._pid != os.getpid():
+                # Forked: SQLite connections must not cross a fork; open our own (the parent's
+                # are left alone, not closed, since closing them here would touch its locks).
+                self._store, self._pid = None, os.getpid()
+            if self._store is None:
+                cfg = self._exporter.cfg
+                self._store = Store(
+                    self._exporter.path,
+                    max_age_days=cfg.store_max_age_days,
+                    max_bytes=cfg.store_max_bytes,
+                )
+            return self._store
+
+    def _write(self, spans: list[DecodedSpan]) -> Outcome:
+        from .._store import StoreError
+
+        try:
+            self.store.write(spans)
+        except (sqlite3.OperationalError, StoreError) as exc:
+            # Locked past the busy timeout, disk full, read-only: worth retrying later.
+            return Outcome(Verdict.RETRY, "local store unavailable", str(exc))
+        return SENT
+
+    async def export(self, chunks: Sequence[Sized]) -> Outcome:
+        rows = [c.span for c in chunks if isinstance(c, Row)]
+        # off_loop writes inline when no thread can start any more (interpreter exit: Python
+        # 3.12 refuses new threads before the exit flush runs).
+        return await off_loop(self._write, rows)
+
+    async def aclose(self) -> None:
+        store, self._store = self._store, None
+        if store is not None:
+            await off_loop(store.close)
+
+
+def decoded(wire: WireSpan, resource: dict[str, Any], scope: tuple[str, str]) -> DecodedSpan:
+    """``wire`` as a receiver decodes it from OTLP: what the store keeps."""
+    scope_name, scope_version = wire.scope or scope
+    return DecodedSpan(
+        trace_id=f"{wire.trace_id:032x}",
+        span_id=f"{wire.span_id:016x}",
+        parent_span_id=f"{wire.parent_span_id:016x}" if wire.parent_span_id else None,
+        name=wire.name,
+        kind=wire.kind,
+        start_ns=wire.start_ns,
+        end_ns=wire.end_ns,
+        attributes=_attributes(wire.attributes),
+        events=[
+            {"name": e.name, "time_ns": e.time_ns, "attributes": _attributes(e.attributes)}
+            for e in wire.events
+        ],
+        links=[
+            {
+                "trace_id": f"{link.trace_id:032x}",
+                "span_id": f"{link.span_id:016x}",
+                "trace_state": link.trace_state,
+                "attributes": _attributes(link.attributes),
+            }
+            for link in wire.links
+        ],
+        status_code=wire.status_code,
+        status_message=wire.status_message,
+        trace_state=wire.trace_state,
+        resource=resource,
+        scope_name=scope_name,
+        scope_version=scope_version,
+    )
+
+
+def _attributes(attributes: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    # Arrays arrive as lists, as a decoder makes them; a later key wins, as in a decoder.
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in attributes}
