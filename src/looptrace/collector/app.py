@@ -36,6 +36,7 @@ from starlette.routing import BaseRoute, Route
 from .. import _otlp
 from .._net import is_loopback
 from .._store import Store, StoreError
+from .decode import TooManySpans, decode_request
 
 __all__ = [
     "DEFAULT_HEADER_TIMEOUT",
@@ -229,7 +230,7 @@ async def _receive(request: Request, limits: _Limits, taken: list[int]) -> Respo
 
     def decode_and_write() -> Response:
         try:
-            spans = _otlp.decode_request(
+            spans = decode_request(
                 body,
                 content_type,
                 content_encoding,
@@ -238,7 +239,7 @@ async def _receive(request: Request, limits: _Limits, taken: list[int]) -> Respo
             )
         except _otlp.DecodeError as exc:
             message = str(exc)
-            too_big = isinstance(exc, _otlp.TooManySpans) or message.startswith(
+            too_big = isinstance(exc, TooManySpans) or message.startswith(
                 "decompressed body exceeds"
             )
             return _otlp_response(encoding, 413 if too_big else 400, message)
