@@ -178,9 +178,7 @@ def bench_stages(per_request: int, workdir: Path, requests: int = 20) -> dict[st
     """Where a collector request's time goes, one thread, in process: decode vs store write."""
     bodies = request_bodies(1, requests, per_request)[0]
     t0 = time.perf_counter()
-    decoded = [
-        decode_request(b, _otlp.PROTOBUF_CONTENT_TYPE, "gzip", 1 << 30) for b in bodies
-    ]
+    decoded = [decode_request(b, _otlp.PROTOBUF_CONTENT_TYPE, "gzip", 1 << 30) for b in bodies]
     decode_s = time.perf_counter() - t0
     with Store(workdir / "stages.db") as store:
         t0 = time.perf_counter()
