@@ -1195,3 +1195,39 @@ def test_json_errors_name_the_field_once_and_stay_short() -> None:
         "invalid OTLP/JSON: resourceSpans.scopeSpans.spans.attributes: repeated field"
     )
     assert len(message) <= 300
+
+
+def test_json_attributes_that_are_not_objects_and_doubled_fields_are_refused() -> None:
+    """An attribute that is not an object, wherever it is (resource, span, event, link), and
+    a field sent under both its names are DecodeErrors, not guesses."""
+    span = {"traceId": "01" * 16, "spanId": "02" * 8}
+    cases = [
+        ({"resource": {"attributes": [7]}, "scopeSpans": []}, "resource.attributes: an attribute"),
+        ({"scopeSpans": [{"spans": [{**span, "attributes": ["k"]}]}]}, "attributes: an attribute"),
+        (
+            {"scopeSpans": [{"spans": [{**span, "events": [{"attributes": [None]}]}]}]},
+            "events.attributes: an attribute",
+        ),
+        (
+            {"scopeSpans": [{"spans": [{**span, "links": [{**span, "attributes": [1.5]}]}]}]},
+            "links.attributes: an attribute",
+        ),
+        ({"scopeSpans": [], "scope_spans": []}, "scopeSpans and scope_spans are the same field"),
+    ]
+    for rs, message in cases:
+        with pytest.raises(DecodeError, match=message):
+            decode_request(orjson.dumps({"resourceSpans": [rs]}), "application/json")
+
+
+def test_json_attribute_errors_say_where() -> None:
+    """A bad attribute value names its place: span, event or link attributes."""
+    bad = [{"key": "k", "value": {"intValue": "x"}}]
+    span = {"traceId": "01" * 16, "spanId": "02" * 8}
+    for extra, where in [
+        ({"attributes": bad}, "attributes.value.intValue"),
+        ({"events": [{"name": "e", "attributes": bad}]}, "events.attributes.value.intValue"),
+        ({"links": [{**span, "attributes": bad}]}, "links.attributes.value.intValue"),
+    ]:
+        doc = {"resourceSpans": [{"scopeSpans": [{"spans": [{**span, **extra}]}]}]}
+        with pytest.raises(DecodeError, match=f"invalid OTLP/JSON: {re.escape(where)}: "):
+            decode_request(orjson.dumps(doc), "application/json")
