@@ -445,3 +445,19 @@ def test_looptrace_client_sends_to_the_collector(store_path: Path, encoding: str
     assert summary is not None
     assert summary["name"].endswith("parent")
     assert (summary["span_count"], summary["error_count"]) == (4, 1)
+
+
+def test_serve_names_every_missing_part_of_the_server_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without opentelemetry-proto (or starlette, uvicorn) the collector refuses to start and
+    names what to install; with the extra installed it starts."""
+    import looptrace.collector as collector
+
+    collector._require_server_extra()
+    monkeypatch.setitem(collector._SERVER_EXTRA, "opentelemetry-proto", "no_such_module_here")
+    with pytest.raises(collector.MissingServerExtra, match="needs opentelemetry-proto: install"):
+        collector._require_server_extra()
+    monkeypatch.setitem(collector._SERVER_EXTRA, "uvicorn", "no_such_module_either")
+    with pytest.raises(collector.MissingServerExtra, match="needs uvicorn and opentelemetry-proto"):
+        collector._require_server_extra()
