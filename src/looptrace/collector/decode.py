@@ -58,8 +58,8 @@ PROTOBUF_MEDIA_TYPES = frozenset(
 # A library's message can quote the offending value whole: keep what goes back to a client short.
 _MAX_MESSAGE = 300
 _NESTED = re.compile(r"((?:Failed to parse \w+ field: )+)(.*)", re.DOTALL)
-_END = object()
 _FIELD = re.compile(r"Failed to parse (\w+) field: ")
+_END = object()
 
 
 def decode_request(
@@ -135,7 +135,8 @@ def _pb_error(exc: ProtobufDecodeError) -> DecodeError:
 def _span_count_type() -> type[Message]:
     """``ExportTraceServiceRequest`` with each span kept as its bytes, unparsed: the same
     wire format (an embedded message and ``bytes`` are both length-delimited), parsed by
-    protobuf, costing a few bytes per span to count them."""
+    protobuf. Counting costs a copy of the spans' bytes and a few dozen bytes per span, where
+    parsing them costs a few hundred: 90 MB against 200 MB for a million 58-byte spans."""
     field = descriptor_pb2.FieldDescriptorProto
     proto = descriptor_pb2.FileDescriptorProto(
         name="looptrace/span_count.proto", package="looptrace.span_count", syntax="proto3"
