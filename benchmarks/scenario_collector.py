@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 from looptrace import _otlp
 from looptrace._store import Store
 from looptrace._wire import DecodedSpan, WireSpan
+from looptrace.collector.decode import decode_request
 from store_support import serve_subprocess
 
 NOW = time.time_ns()
@@ -135,7 +136,7 @@ def bench_show(workdir: Path, rounds: int = 5) -> dict[str, float]:
     body = _otlp.encode_request(
         [_otlp.encode_span(w, "protobuf") for w in wires], resource, "protobuf"
     )
-    spans = _otlp.decode_request(body, _otlp.PROTOBUF_CONTENT_TYPE)
+    spans = decode_request(body, _otlp.PROTOBUF_CONTENT_TYPE)
     with Store(path) as store:
         t0 = time.perf_counter()
         for i in range(0, len(spans), 512):
@@ -177,9 +178,7 @@ def bench_stages(per_request: int, workdir: Path, requests: int = 20) -> dict[st
     """Where a collector request's time goes, one thread, in process: decode vs store write."""
     bodies = request_bodies(1, requests, per_request)[0]
     t0 = time.perf_counter()
-    decoded = [
-        _otlp.decode_request(b, _otlp.PROTOBUF_CONTENT_TYPE, "gzip", 1 << 30) for b in bodies
-    ]
+    decoded = [decode_request(b, _otlp.PROTOBUF_CONTENT_TYPE, "gzip", 1 << 30) for b in bodies]
     decode_s = time.perf_counter() - t0
     with Store(workdir / "stages.db") as store:
         t0 = time.perf_counter()

@@ -21,6 +21,7 @@ from looptrace import _otlp
 from looptrace._store import Store, span_from_row
 from looptrace._wire import WireEvent, WireLink, WireSpan
 from looptrace.collector.app import create_app
+from looptrace.collector.decode import decode_request
 from store_support import serve_subprocess
 
 PB = {"content-type": "application/x-protobuf"}
@@ -119,7 +120,7 @@ def test_looptrace_requests_land_field_for_field(
     with running_collector(store_path) as url:
         response = httpx.post(f"{url}/v1/traces", content=body, headers=headers)
     assert response.status_code == 200
-    expected = _otlp.decode_request(raw, _otlp.content_type(encoding))
+    expected = decode_request(raw, _otlp.content_type(encoding))
     with read_store(store_path) as store:
         rows = store.get_trace(f"{0xABC:032x}")
     assert sorted((span_from_row(r) for r in rows), key=lambda s: s.span_id) == sorted(
@@ -434,7 +435,7 @@ def test_looptrace_client_sends_to_the_collector(store_path: Path, encoding: str
         body = _otlp.encode_request(
             [_otlp.encode_span(_serialize.to_wire(span, cfg), encoding)], resource, encoding
         )
-        (decoded,) = _otlp.decode_request(body, _otlp.content_type(encoding))
+        (decoded,) = decode_request(body, _otlp.content_type(encoding))
         expected[decoded.span_id] = decoded
     trace_id = next(iter(expected.values())).trace_id
     with read_store(store_path) as store:
@@ -444,3 +445,19 @@ def test_looptrace_client_sends_to_the_collector(store_path: Path, encoding: str
     assert summary is not None
     assert summary["name"].endswith("parent")
     assert (summary["span_count"], summary["error_count"]) == (4, 1)
+
+
+def test_serve_names_every_missing_part_of_the_server_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without opentelemetry-proto (or starlette, uvicorn) the collector refuses to start and
+    names what to install; with the extra installed it starts."""
+    import looptrace.collector as collector
+
+    collector._require_server_extra()
+    monkeypatch.setitem(collector._SERVER_EXTRA, "opentelemetry-proto", "no_such_module_here")
+    with pytest.raises(collector.MissingServerExtra, match="needs opentelemetry-proto: install"):
+        collector._require_server_extra()
+    monkeypatch.setitem(collector._SERVER_EXTRA, "uvicorn", "no_such_module_either")
+    with pytest.raises(collector.MissingServerExtra, match="needs uvicorn and opentelemetry-proto"):
+        collector._require_server_extra()

@@ -19,6 +19,7 @@ from looptrace._config import Config
 from looptrace._encode import CLEAN, HOOKED, OFFLOAD, SpanEncoder
 from looptrace._serialize import REDACTED, to_wire
 from looptrace._span import UNSET, CallSite, RemoteChildSpan, ScopedSpan, Span
+from looptrace.collector.decode import decode_request
 from looptrace.testing import capture_spans
 
 CFG = Config()
@@ -41,7 +42,7 @@ def decoded(chunk: bytes) -> dict[str, Any]:
     """The span's attributes, read back through the real request decoder."""
     resource = _otlp.default_resource(CFG)
     body = _otlp.encode_request([chunk], resource, "protobuf")
-    (span,) = _otlp.decode_request(body, _otlp.PROTOBUF_CONTENT_TYPE, None)
+    (span,) = decode_request(body, _otlp.PROTOBUF_CONTENT_TYPE, None)
     return dict(span.attributes)
 
 

@@ -8,6 +8,7 @@ import gzip
 import itertools
 import json
 import math
+import re
 import struct
 import tracemalloc
 import zlib
@@ -30,13 +31,13 @@ from looptrace._otlp import (
     Resource,
     compress,
     content_type,
-    decode_request,
     decompress,
     default_resource,
     encode_request,
     encode_span,
 )
 from looptrace._wire import Attributes, DecodedSpan, WireEvent, WireLink, WireSpan
+from looptrace.collector.decode import decode_request
 
 ENCODINGS = ["protobuf", "json"]
 TRACE_ID = 0x0AF7651916CD43DD8448EB211C80319C
@@ -681,30 +682,45 @@ def test_unknown_fields_of_every_wire_type_are_skipped() -> None:
 SPAN_OK = encode_span(make_span([("k", "v")]), "protobuf")
 
 
+CORRUPT = "not a valid protobuf ExportTraceServiceRequest: Wire format was corrupt"
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        (b"\x0a", "truncated varint"),
-        (b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", "varint longer than 10 bytes"),
-        (b"\x0a\x05\x12\x03", "runs past the end"),
-        (b"\x0a\x7f" + b"\x00" * 10, "runs past the end"),
-        (b"\x08\x01", "wire type varint, expected length-delimited"),
-        (_wrap_span(b"\x08\x05" + SPAN_OK), "wire type varint, expected length-delimited"),
+        # protobuf says the wire format is corrupt, not where: a truncated varint, one of more
+        # than 10 bytes, lengths past the end, truncated fixed64/fixed32, wire type 6, field
+        # number 0, an end-group without a start, a group never ended.
+        (b"\x0a", CORRUPT),
+        (b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", CORRUPT),
+        (b"\x0a\x05\x12\x03", CORRUPT),
+        (b"\x0a\x7f" + b"\x00" * 10, CORRUPT),
         (_wrap_span(b"\x0a\x03abc" + SPAN_OK[18:]), "trace_id must be 16 bytes, got 3"),
         (_wrap_span(SPAN_OK[18:]), "span without a trace_id"),
-        (_wrap_span(b"\x39\x00\x00"), "truncated fixed64"),
-        (_wrap_span(b"\x85\x01\x00"), "truncated fixed32"),
-        (b"\x0e", "invalid wire type 6"),
-        (b"\x02\x00", "field number 0"),
-        (b"\x0c", "end-group without a start-group"),
-        (b"\x0b\x08\x01", "not terminated"),
-        (_wrap_span(b"\x2a\x02\xff\xfe" + SPAN_OK), "span name is not valid UTF-8"),
+        (_wrap_span(b"\x39\x00\x00"), CORRUPT),
+        (_wrap_span(b"\x85\x01\x00"), CORRUPT),
+        (b"\x0e", CORRUPT),
+        (b"\x02\x00", CORRUPT),
+        (b"\x0c", CORRUPT),
+        (b"\x0b\x08\x01", CORRUPT),
+        (_wrap_span(b"\x2a\x02\xff\xfe" + SPAN_OK), "String field had bad UTF-8"),
+        (_wrap_span(SPAN_OK + b"\x22\x03abc"), "parent_span_id must be 8 bytes, got 3"),
     ],
 )
 def test_malformed_protobuf_raises_decode_error(body: bytes, message: str) -> None:
     """Each kind of broken protobuf gives a DecodeError that says what is wrong."""
-    with pytest.raises(DecodeError, match=message):
+    with pytest.raises(DecodeError, match=re.escape(message)):
         decode_request(body, "application/x-protobuf")
+
+
+def test_a_known_field_with_another_wire_type_is_an_unknown_field() -> None:
+    """A field number the schema knows, sent with another wire type, is skipped as an
+    unknown field, as every protobuf parser does: the request and the span decode as
+    without it."""
+    assert decode_request(b"\x08\x01", "application/x-protobuf") == []
+    assert decode_request(
+        _wrap_span(b"\x08\x05" + SPAN_OK), "application/x-protobuf"
+    ) == decode_request(_wrap_span(SPAN_OK), "application/x-protobuf")
 
 
 def test_attribute_edge_cases_at_the_end_of_the_body() -> None:
@@ -758,23 +774,23 @@ def test_random_bytes_never_raise_anything_but_decode_error(body: bytes) -> None
         ),
         (
             b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "0102030405060708090a0b0c0d0e0f10", "spanId": "0102030405060708", "startTimeUnixNano": "soon"}]}]}]}',
-            "startTimeUnixNano must be an integer",
+            "spans.startTimeUnixNano: invalid literal for int",
         ),
         (
             b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "0102030405060708090a0b0c0d0e0f10", "spanId": "0102030405060708", "attributes": [{"key": "k", "value": {"intValue": "x"}}]}]}]}]}',
-            "intValue must be an integer",
+            "intValue: invalid literal for int",
         ),
         (
-            b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "0102030405060708090a0b0c0d0e0f10", "spanId": "0102030405060708", "attributes": [{"key": "k", "value": {"bytesValue": "!!"}}]}]}]}]}',
-            "bytesValue is not valid base64",
+            b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "0102030405060708090a0b0c0d0e0f10", "spanId": "0102030405060708", "attributes": [{"key": "k", "value": {"bytesValue": "a"}}]}]}]}]}',
+            "bytesValue: Invalid base64",
         ),
         (
             b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "0102030405060708090a0b0c0d0e0f10", "spanId": "0102030405060708", "attributes": {"k": 1}}]}]}]}',
-            "attributes must be a JSON array",
+            "repeated field attributes must be in \\[\\]",
         ),
         (
             b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "0102030405060708090a0b0c0d0e0f10", "spanId": "0102030405060708", "endTimeUnixNano": "-1"}]}]}]}',
-            "endTimeUnixNano is out of range",
+            "endTimeUnixNano: Value out of range: -1",
         ),
     ],
 )
@@ -1114,3 +1130,104 @@ def test_double_encoding_is_ieee_little_endian() -> None:
     body = encode_span(make_span([("f", 1.5)]), "protobuf")
     kv = b"\x0a\x01f\x12\x09\x21" + struct.pack("<d", 1.5)
     assert b"\x4a" + bytes([len(kv)]) + kv in body
+
+
+# -- limits ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_more_spans_than_allowed_is_too_many_spans(encoding: str) -> None:
+    """A request holding more than ``max_spans`` spans is refused with TooManySpans (a
+    DecodeError), at the limit it decodes; the body size that triggers the protobuf count
+    (more than two bytes per allowed span) is crossed on both sides."""
+    spans = [make_span([("i", i)], span_id=i + 1) for i in range(40)]
+    body = request(spans, encoding)
+    for limit in (39, 3):
+        with pytest.raises(_otlp.TooManySpans, match=f"more than {limit} spans"):
+            decode_request(body, content_type(encoding), max_spans=limit)
+    assert len(decode_request(body, content_type(encoding), max_spans=40)) == 40
+    assert len(decode_request(body, content_type(encoding), max_spans=len(body))) == 40
+
+
+def test_empty_protobuf_spans_are_counted_before_they_are_parsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A body of empty spans (two bytes each on the wire, far more once parsed) is refused by
+    the count, without parsing the request whole."""
+    from looptrace.collector import decode
+
+    class NeverParsed:
+        @staticmethod
+        def FromString(body: bytes) -> None:
+            raise AssertionError("the request was parsed whole")
+
+    body = _field(1, _field(2, b"\x12\x00" * 200_000))
+    monkeypatch.setattr(decode, "ExportTraceServiceRequest", NeverParsed)
+    with pytest.raises(_otlp.TooManySpans, match="more than 1000 spans"):
+        decode_request(body, "application/x-protobuf", max_spans=1000)
+    with pytest.raises(AssertionError, match="parsed whole"):
+        decode_request(body, "application/x-protobuf", max_spans=200_000)
+
+
+def test_json_errors_name_the_field_once_and_stay_short() -> None:
+    """The JSON mapping's nested messages become one path; a huge offending value is cut."""
+    doc = {
+        "resourceSpans": [
+            {
+                "scopeSpans": [
+                    {
+                        "spans": [
+                            {
+                                "traceId": "01" * 16,
+                                "spanId": "02" * 8,
+                                "attributes": {"k": "x" * 100_000},
+                            }
+                        ]
+                    }
+                ]
+            }
+        ]
+    }
+    with pytest.raises(DecodeError) as caught:
+        decode_request(orjson.dumps(doc), "application/json")
+    message = str(caught.value)
+    assert message.startswith(
+        "invalid OTLP/JSON: resourceSpans.scopeSpans.spans.attributes: repeated field"
+    )
+    assert len(message) <= 300
+
+
+def test_json_attributes_that_are_not_objects_and_doubled_fields_are_refused() -> None:
+    """An attribute that is not an object, wherever it is (resource, span, event, link), and
+    a field sent under both its names are DecodeErrors, not guesses."""
+    span = {"traceId": "01" * 16, "spanId": "02" * 8}
+    cases = [
+        ({"resource": {"attributes": [7]}, "scopeSpans": []}, "resource.attributes: an attribute"),
+        ({"scopeSpans": [{"spans": [{**span, "attributes": ["k"]}]}]}, "attributes: an attribute"),
+        (
+            {"scopeSpans": [{"spans": [{**span, "events": [{"attributes": [None]}]}]}]},
+            "events.attributes: an attribute",
+        ),
+        (
+            {"scopeSpans": [{"spans": [{**span, "links": [{**span, "attributes": [1.5]}]}]}]},
+            "links.attributes: an attribute",
+        ),
+        ({"scopeSpans": [], "scope_spans": []}, "scopeSpans and scope_spans are the same field"),
+    ]
+    for rs, message in cases:
+        with pytest.raises(DecodeError, match=message):
+            decode_request(orjson.dumps({"resourceSpans": [rs]}), "application/json")
+
+
+def test_json_attribute_errors_say_where() -> None:
+    """A bad attribute value names its place: span, event or link attributes."""
+    bad = [{"key": "k", "value": {"intValue": "x"}}]
+    span = {"traceId": "01" * 16, "spanId": "02" * 8}
+    for extra, where in [
+        ({"attributes": bad}, "attributes.value.intValue"),
+        ({"events": [{"name": "e", "attributes": bad}]}, "events.attributes.value.intValue"),
+        ({"links": [{**span, "attributes": bad}]}, "links.attributes.value.intValue"),
+    ]:
+        doc = {"resourceSpans": [{"scopeSpans": [{"spans": [{**span, **extra}]}]}]}
+        with pytest.raises(DecodeError, match=f"invalid OTLP/JSON: {re.escape(where)}: "):
+            decode_request(orjson.dumps(doc), "application/json")

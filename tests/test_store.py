@@ -309,8 +309,8 @@ def test_migrates_forward_and_refuses_newer(
     def add_note_column(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE traces ADD COLUMN note TEXT")
 
-    monkeypatch.setattr(_store, "_MIGRATIONS", [*_store._MIGRATIONS, add_note_column])
-    monkeypatch.setattr(_store, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    monkeypatch.setattr(_store.schema, "_MIGRATIONS", [*_store.schema._MIGRATIONS, add_note_column])
+    monkeypatch.setattr(_store.schema, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
     with Store(path) as s:
         assert s.schema_version == SCHEMA_VERSION + 1
         assert s.list_traces()[0]["name"] == "kept"
@@ -492,7 +492,7 @@ def test_store_transport_takes_retention_from_config(
     """Built with only a path (as the pipeline does), retention follows the configuration."""
     monkeypatch.setenv("LOOPTRACE_STORE_MAX_AGE_DAYS", "3")
     monkeypatch.setenv("LOOPTRACE_STORE_MAX_BYTES", "123456")
-    monkeypatch.setattr(_store._state, "config", None)
+    monkeypatch.setattr(_store.transport._state, "config", None)
     transport = StoreTransport(tmp_path / "c.db")
     assert (transport.store.max_age_days, transport.store.max_bytes) == (3.0, 123456)
     asyncio.run(transport.aclose())
@@ -505,7 +505,7 @@ def test_store_transport_reopens_after_fork(
     using the parent's, and writes still land."""
     transport = StoreTransport(tmp_path / "f.db", max_age_days=None, max_bytes=None)
     parent_store = transport.store
-    monkeypatch.setattr(_store.os, "getpid", lambda: -1)
+    monkeypatch.setattr(_store.transport.os, "getpid", lambda: -1)
     child_store = transport.store
     assert child_store is not parent_store
     child_store.write([dspan(1, 1)])

@@ -920,13 +920,14 @@ def test_a_bytes_output_says_it_is_base64(browser: Any, tmp_path: Path) -> None:
     from looptrace import _otlp
     from looptrace._config import Config
     from looptrace._serialize import to_wire
+    from looptrace.collector.decode import decode_request
 
     cfg = Config()
     body = _otlp.encode_request(
         [_otlp.encode_span(to_wire(span, cfg), "protobuf")], _otlp.default_resource(cfg), "protobuf"
     )
     with Store(path) as store:
-        store.write(_otlp.decode_request(body, _otlp.PROTOBUF_CONTENT_TYPE, None))
+        store.write(decode_request(body, _otlp.PROTOBUF_CONTENT_TYPE, None))
     with running_collector(path, extra_routes=viewer.routes()) as url:
         context = browser.new_context(base_url=url)
         try:

@@ -1,11 +1,12 @@
 """``looptrace serve``: an OTLP/HTTP receiver that writes into the local store, plus the JSON API
-the viewer reads. Needs the ``server`` extra (starlette, uvicorn): ``pip install 'looptrace[server]'``.
+the viewer reads. Needs the ``server`` extra (starlette, uvicorn, opentelemetry-proto):
+``pip install 'looptrace[server]'``.
 
     from looptrace.collector import create_app, serve
     app = create_app("traces.db", token="s3cret")      # any ASGI server can run it
     serve(host="127.0.0.1", port=4318)                 # or let looptrace run uvicorn
 
-Importing this package does not import starlette; ``create_app`` and ``serve`` do.
+Importing this package does not import starlette or protobuf; ``create_app`` and ``serve`` do.
 """
 
 from __future__ import annotations
@@ -21,20 +22,32 @@ INSTALL_HINT = "pip install 'looptrace[server]'"
 
 
 class MissingServerExtra(ImportError):
-    """starlette or uvicorn is not installed."""
+    """starlette, uvicorn or opentelemetry-proto is not installed."""
+
+
+# The module each distribution of the extra provides, by the name pip knows it by.
+_SERVER_EXTRA = {
+    "starlette": "starlette",
+    "uvicorn": "uvicorn",
+    "opentelemetry-proto": "opentelemetry.proto.collector.trace.v1.trace_service_pb2",
+}
 
 
 def _require_server_extra() -> None:
     missing = []
-    for name in ("starlette", "uvicorn"):
+    for name, module in _SERVER_EXTRA.items():
         try:
-            __import__(name)
+            __import__(module)
         except ImportError:
             missing.append(name)
     if missing:
         raise MissingServerExtra(
-            f"looptrace serve needs {' and '.join(missing)}: install them with {INSTALL_HINT}"
+            f"looptrace serve needs {_listed(missing)}: install them with {INSTALL_HINT}"
         )
+
+
+def _listed(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def __getattr__(name: str) -> Any:

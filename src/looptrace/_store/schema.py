@@ -1,0 +1,162 @@
+"""The store's tables, and the migrations that bring an older file forward.
+
+``SCHEMA_VERSION`` is kept in the ``meta`` table; ``_MIGRATIONS[i]`` takes a file at version
+``i`` to ``i + 1``. Opening a store runs the missing steps in one transaction, and refuses a
+file written by a newer looptrace or an SQLite file that is not a store.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+
+class StoreError(Exception):
+    """The store file cannot be used (written by a newer looptrace, not a looptrace store...)."""
+
+
+_SCHEMA_V1 = """
+CREATE TABLE IF NOT EXISTS resources (
+    id INTEGER PRIMARY KEY,
+    attributes TEXT NOT NULL UNIQUE
+);
+CREATE TABLE IF NOT EXISTS spans (
+    trace_id TEXT NOT NULL,
+    span_id TEXT NOT NULL,
+    parent_span_id TEXT,
+    name TEXT NOT NULL,
+    kind INTEGER NOT NULL,
+    start_ns INTEGER NOT NULL,
+    end_ns INTEGER NOT NULL,
+    duration_ns INTEGER,
+    status_code INTEGER NOT NULL,
+    status_message TEXT NOT NULL,
+    attributes TEXT NOT NULL,
+    events TEXT NOT NULL,
+    links TEXT NOT NULL,
+    resource_id INTEGER REFERENCES resources(id),
+    scope_name TEXT NOT NULL,
+    scope_version TEXT NOT NULL,
+    trace_state TEXT NOT NULL,
+    input TEXT,
+    output TEXT,
+    lag_max_ms REAL,
+    in_progress INTEGER NOT NULL,
+    experiment_id TEXT,
+    case_index INTEGER,
+    size INTEGER NOT NULL,
+    PRIMARY KEY (trace_id, span_id)
+);
+CREATE INDEX IF NOT EXISTS spans_by_name ON spans (name, start_ns);
+CREATE INDEX IF NOT EXISTS spans_roots ON spans (trace_id, start_ns) WHERE parent_span_id IS NULL;
+CREATE INDEX IF NOT EXISTS spans_by_case ON spans (experiment_id, case_index)
+    WHERE experiment_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS spans_by_lag ON spans (lag_max_ms) WHERE lag_max_ms IS NOT NULL;
+CREATE TABLE IF NOT EXISTS traces (
+    trace_id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    root_span_id TEXT,
+    service_name TEXT,
+    start_ns INTEGER NOT NULL,
+    end_ns INTEGER NOT NULL,
+    status_code INTEGER NOT NULL,
+    span_count INTEGER NOT NULL,
+    error_count INTEGER NOT NULL,
+    in_progress INTEGER NOT NULL,
+    experiment_id TEXT,
+    bytes INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS traces_by_start ON traces (start_ns);
+CREATE INDEX IF NOT EXISTS traces_by_service ON traces (service_name, start_ns);
+CREATE INDEX IF NOT EXISTS traces_by_experiment ON traces (experiment_id, start_ns)
+    WHERE experiment_id IS NOT NULL;
+CREATE TABLE IF NOT EXISTS experiments (
+    id TEXT PRIMARY KEY,
+    name TEXT,
+    created_ns INTEGER NOT NULL,
+    metadata TEXT,
+    tags TEXT
+);
+CREATE INDEX IF NOT EXISTS experiments_by_created ON experiments (created_ns);
+CREATE TABLE IF NOT EXISTS scores (
+    trace_id TEXT NOT NULL,
+    span_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    experiment_id TEXT,
+    case_index INTEGER,
+    value REAL,
+    comment TEXT,
+    PRIMARY KEY (trace_id, span_id, name)
+);
+CREATE INDEX IF NOT EXISTS scores_by_experiment ON scores (experiment_id, name)
+    WHERE experiment_id IS NOT NULL;
+"""
+
+
+def _migrate_to_1(conn: sqlite3.Connection) -> None:
+    _run_script(conn, _SCHEMA_V1)
+
+
+def _run_script(conn: sqlite3.Connection, script: str) -> None:
+    # executescript() would COMMIT our open transaction; run the statements one by one instead.
+    for statement in script.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
+# _MIGRATIONS[i] takes a file at schema version i to version i + 1. Append, never edit.
+_MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_to_1]
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+
+def migrate(conn: sqlite3.Connection, path: Path) -> None:
+    """Bring the file on ``conn`` to ``SCHEMA_VERSION`` (or refuse it)."""
+    version = read_version(conn)
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"{path} was written by a newer looptrace (schema version {version}; "
+            f"this one understands up to {SCHEMA_VERSION}): upgrade looptrace"
+        )
+    if version == SCHEMA_VERSION:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        # Another process may have migrated while we waited for the write lock.
+        version = read_version(conn)
+        for step in range(version, len(_MIGRATIONS)):
+            _MIGRATIONS[step](conn)
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (str(len(_MIGRATIONS)),),
+        )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def read_version(conn: sqlite3.Connection) -> int:
+    """The schema version of the file on ``conn`` (0: a new, empty file)."""
+    conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+    # Both reads in one snapshot: another process may commit a migration between them.
+    own = not conn.in_transaction
+    if own:
+        conn.execute("BEGIN")
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    finally:
+        if own:
+            conn.execute("COMMIT")
+    if row is None:
+        if tables - {"meta"}:
+            raise StoreError(f"{conn_path(conn)} is an SQLite file but not a looptrace store")
+        return 0
+    return int(row[0])
+
+
+def conn_path(conn: sqlite3.Connection) -> str:
+    row = conn.execute("PRAGMA database_list").fetchone()
+    return str(row[2]) if row else "the store"

@@ -1,0 +1,209 @@
+"""The JSON API the viewer reads (``/api/...``; shapes documented in docs/collector.md).
+
+Every handler reads the store in a worker thread. A bad query parameter is a 400 that says
+which; a store that cannot be read (locked past its busy timeout, gone) is a 503.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from .._store import Store, StoreError
+from .receiver import receive_traces
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        import base64
+
+        return base64.b64encode(bytes(value)).decode("ascii")
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+class JSONResponse(Response):
+    """orjson-encoded JSON (bytes attribute values become base64 strings)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content, default=_json_default)
+
+
+def _api_error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _int_param(request: Request, name: str, default: int, lo: int = 0, hi: int = 10_000) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise _BadRequest(f"{name} must be an integer, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise _BadRequest(f"{name} must be between {lo} and {hi}")
+    return value
+
+
+class _BadRequest(Exception):
+    pass
+
+
+async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    return await anyio.to_thread.run_sync(lambda: fn(*args))
+
+
+async def _api_traces(request: Request) -> Response:
+    store: Store = request.app.state.store
+    limit = _int_param(request, "limit", 50, 1, 1000)
+    offset = _int_param(request, "offset", 0, 0, 10**9)
+    status = request.query_params.get("status") or None
+    if status not in (None, "ok", "error", "unset", "in_progress"):
+        raise _BadRequest("status must be ok, error, unset or in_progress")
+    include_lag = request.query_params.get("include_lag", "") in ("1", "true")
+    min_ms = _float_param(request, "min_duration_ms")
+    # ``range``: seconds back from now, what the list's time-range menu sends; since/until
+    # are absolute bounds in nanoseconds.
+    seconds_back = _float_param(request, "range")
+    since = _int_param(request, "since", -1, -1, 2**63 - 1)
+    until = _int_param(request, "until", -1, -1, 2**63 - 1)
+    if seconds_back is not None:
+        since = max(since, time.time_ns() - int(seconds_back * 1e9))
+    traces = await _in_thread(
+        functools.partial(
+            store.list_traces,
+            limit,
+            offset,
+            request.query_params.get("name") or None,
+            status,
+            request.query_params.get("experiment") or None,
+            include_lag,
+            service=request.query_params.get("service") or None,
+            min_duration_ns=None if min_ms is None else int(min_ms * 1e6),
+            since_ns=None if since < 0 else since,
+            until_ns=None if until < 0 else until,
+        )
+    )
+    return JSONResponse({"traces": traces, "limit": limit, "offset": offset})
+
+
+def _float_param(request: Request, name: str) -> float | None:
+    raw = request.query_params.get(name)
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise _BadRequest(f"{name} must be a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise _BadRequest(f"{name} must be a number of 0 or more")
+    return value
+
+
+async def _api_services(request: Request) -> Response:
+    store: Store = request.app.state.store
+    return JSONResponse({"services": await _in_thread(store.services)})
+
+
+async def _api_trace(request: Request) -> Response:
+    store: Store = request.app.state.store
+    trace_id = request.path_params["trace_id"].lower()
+    preview = _int_param(request, "preview", 1000, 0, 10**8)
+    cap: int = request.app.state.max_trace_spans
+    limit = _int_param(request, "limit", cap, 1, cap)
+
+    def read() -> tuple[Any, Any]:
+        # One more than asked: whether the trace goes on past the page, without counting it.
+        spans = store.get_trace(trace_id, preview=preview, limit=limit + 1)
+        return store.get_trace_summary(trace_id), spans
+
+    summary, spans = await anyio.to_thread.run_sync(read)
+    if summary is None:
+        return _api_error(404, f"no trace {trace_id}")
+    truncated = len(spans) > limit
+    return JSONResponse({"trace": summary, "spans": spans[:limit], "truncated": truncated})
+
+
+async def _api_span(request: Request) -> Response:
+    store: Store = request.app.state.store
+    span = await _in_thread(
+        store.get_span,
+        request.path_params["trace_id"].lower(),
+        request.path_params["span_id"].lower(),
+    )
+    if span is None:
+        return _api_error(404, "no such span")
+    return JSONResponse({"span": span})
+
+
+async def _api_experiments(request: Request) -> Response:
+    store: Store = request.app.state.store
+    limit = _int_param(request, "limit", 50, 1, 1000)
+    offset = _int_param(request, "offset", 0, 0, 10**9)
+    experiments = await _in_thread(store.list_experiments, limit, offset)
+    return JSONResponse({"experiments": experiments, "limit": limit, "offset": offset})
+
+
+async def _api_experiment(request: Request) -> Response:
+    store: Store = request.app.state.store
+    experiment_id = request.path_params["experiment_id"]
+    preview = _int_param(request, "preview", 200, 0, 10**8)
+    experiment = await _in_thread(store.get_experiment, experiment_id, preview)
+    if experiment is None:
+        return _api_error(404, f"no experiment {experiment_id}")
+    return JSONResponse(experiment)
+
+
+async def _api_lag(request: Request) -> Response:
+    store: Store = request.app.state.store
+    limit = _int_param(request, "limit", 100, 1, 10_000)
+    worst = _int_param(request, "worst", 20, 0, 1000)
+    since = _int_param(request, "since_ns", 0, 0, 2**63 - 1)
+    return JSONResponse(await _in_thread(store.lag_summaries, limit, since or None, worst))
+
+
+async def _api_stats(request: Request) -> Response:
+    store: Store = request.app.state.store
+    return JSONResponse(await _in_thread(store.stats))
+
+
+def _api(
+    handler: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except _BadRequest as exc:
+            return _api_error(400, str(exc))
+        except (sqlite3.OperationalError, StoreError) as exc:
+            return _api_error(503, f"store unavailable: {exc}")
+
+    return wrapped
+
+
+def api_routes() -> list[BaseRoute]:
+    """``/v1/traces`` and the ``/api`` routes (what ``create_app`` mounts before extra routes)."""
+    return [
+        Route("/v1/traces", receive_traces, methods=["POST"]),
+        Route("/api/traces", _api(_api_traces), methods=["GET"]),
+        Route("/api/traces/{trace_id}", _api(_api_trace), methods=["GET"]),
+        Route("/api/traces/{trace_id}/spans/{span_id}", _api(_api_span), methods=["GET"]),
+        Route("/api/services", _api(_api_services), methods=["GET"]),
+        Route("/api/experiments", _api(_api_experiments), methods=["GET"]),
+        Route("/api/experiments/{experiment_id}", _api(_api_experiment), methods=["GET"]),
+        Route("/api/lag", _api(_api_lag), methods=["GET"]),
+        Route("/api/stats", _api(_api_stats), methods=["GET"]),
+    ]
