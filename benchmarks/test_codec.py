@@ -19,7 +19,6 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource as PbResource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
-from looptrace import _otlp
 from looptrace._otlp import (
     Resource,
     compress,
@@ -27,7 +26,7 @@ from looptrace._otlp import (
     encode_request,
     encode_span,
 )
-from looptrace._wire import DecodedSpan, WireSpan
+from looptrace._wire import WireSpan
 from looptrace.collector.decode import decode_request
 
 POOL = 1024
@@ -146,32 +145,18 @@ def test_decode_request_512(benchmark: Any, encoding: str) -> None:
     assert len(spans) == 512
 
 
-# The hand-written readers the collector used before opentelemetry-proto, while they last (the
-# local store's transport still has them): the same bodies through both, in one run.
-DECODERS: dict[str, Callable[[bytes, str], list[DecodedSpan]]] = {
-    "opentelemetry-proto": lambda body, ct: decode_request(body, ct),
-}
-if hasattr(_otlp, "decode_request"):
-    DECODERS["hand-written"] = lambda body, ct: _otlp.decode_request(body, ct)
-
-
 def _decode_body(request: str, encoding: str) -> bytes:
     spans = SPANS[:512] if request == "512-small" else [_image_span(0)]
     return encode_request([encode_span(w, encoding) for w in spans], RESOURCE, encoding)
 
 
-@pytest.mark.parametrize("decoder", list(DECODERS))
 @pytest.mark.parametrize("encoding", ["protobuf", "json"])
 @pytest.mark.parametrize("request_kind", ["512-small", "2.5mb-attribute"])
-def test_decode_new_against_old(
-    benchmark: Any, request_kind: str, encoding: str, decoder: str
-) -> None:
-    """One uncompressed request body decoded to DecodedSpans by each decoder: 512 typical
-    spans, or one span with a 2.5 MB input. Compare the decoders within one run."""
+def test_decode_uncompressed(benchmark: Any, request_kind: str, encoding: str) -> None:
+    """One uncompressed request body decoded to DecodedSpans by the collector: 512 typical
+    spans, or one span with a 2.5 MB input."""
     body = _decode_body(request_kind, encoding)
-    decode = DECODERS[decoder]
-    spans = benchmark(lambda: decode(body, content_type(encoding)))
-    assert spans == DECODERS["opentelemetry-proto"](body, content_type(encoding))
+    spans = benchmark(lambda: decode_request(body, content_type(encoding)))
     assert len(spans) == (512 if request_kind == "512-small" else 1)
 
 

@@ -24,6 +24,7 @@ from looptrace._export.store import Row, StoreExporter, decoded
 from looptrace._store import Store
 from looptrace._transport import RetryPolicy
 from looptrace._wire import WireEvent, WireLink, WireSpan
+from looptrace.collector.decode import decode_request
 
 FAST_RETRY = RetryPolicy(base_delay=0.01, max_delay=0.05, budget=10.0)
 NOW = 1_700_000_000_000_000_000
@@ -71,7 +72,7 @@ def test_the_store_exporter_keeps_what_a_receiver_decodes(encoding: str) -> None
     resource = _otlp.default_resource(cfg)
     wires = _wires()
     body = _otlp.encode_request([_otlp.encode_span(w, encoding) for w in wires], resource, encoding)
-    from_wire = _otlp.decode_request(body, _otlp.content_type(encoding))
+    from_wire = decode_request(body, _otlp.content_type(encoding))
     direct = [
         decoded(w, dict(resource.attributes), (resource.scope_name, resource.scope_version))
         for w in wires

@@ -27,16 +27,15 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from looptrace import _otlp
 from looptrace._config import Config
 from looptrace._otlp import (
-    DecodeError,
     Resource,
     compress,
     content_type,
-    decompress,
     default_resource,
     encode_request,
     encode_span,
 )
 from looptrace._wire import Attributes, DecodedSpan, WireEvent, WireLink, WireSpan
+from looptrace.collector.bodies import DecodeError, TooManySpans, decompress
 from looptrace.collector.decode import decode_request
 
 ENCODINGS = ["protobuf", "json"]
@@ -1143,7 +1142,7 @@ def test_more_spans_than_allowed_is_too_many_spans(encoding: str) -> None:
     spans = [make_span([("i", i)], span_id=i + 1) for i in range(40)]
     body = request(spans, encoding)
     for limit in (39, 3):
-        with pytest.raises(_otlp.TooManySpans, match=f"more than {limit} spans"):
+        with pytest.raises(TooManySpans, match=f"more than {limit} spans"):
             decode_request(body, content_type(encoding), max_spans=limit)
     assert len(decode_request(body, content_type(encoding), max_spans=40)) == 40
     assert len(decode_request(body, content_type(encoding), max_spans=len(body))) == 40
@@ -1163,7 +1162,7 @@ def test_empty_protobuf_spans_are_counted_before_they_are_parsed(
 
     body = _field(1, _field(2, b"\x12\x00" * 200_000))
     monkeypatch.setattr(decode, "ExportTraceServiceRequest", NeverParsed)
-    with pytest.raises(_otlp.TooManySpans, match="more than 1000 spans"):
+    with pytest.raises(TooManySpans, match="more than 1000 spans"):
         decode_request(body, "application/x-protobuf", max_spans=1000)
     with pytest.raises(AssertionError, match="parsed whole"):
         decode_request(body, "application/x-protobuf", max_spans=200_000)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import threading
 import time
@@ -11,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from looptrace import _otlp, _store
-from looptrace._store import SCHEMA_VERSION, Store, StoreError, StoreTransport, span_from_row
-from looptrace._wire import DecodedSpan, WireSpan
+from looptrace import _store
+from looptrace._store import SCHEMA_VERSION, Store, StoreError, span_from_row
+from looptrace._wire import DecodedSpan
 from store_support import decoded_span
 
 NOW = time.time_ns()
@@ -414,104 +413,6 @@ def test_two_writers_on_one_file_lose_nothing(tmp_path: Path) -> None:
     assert stores[0].stats()["spans"] == 4 * 10 * 5
     for s in stores:
         s.close()
-
-
-def _request(spans: list[WireSpan], encoding: str = "protobuf") -> bytes:
-    resource = _otlp.Resource([("service.name", "svc")], "looptrace", "0.1.0")
-    return _otlp.encode_request([_otlp.encode_span(w, encoding) for w in spans], resource, encoding)
-
-
-def _wire(trace: int, span: int, name: str = "op") -> WireSpan:
-    return WireSpan(trace, span, 0, name, 1, NOW, NOW + 10, [("k", "v")], [], [], 0, "")
-
-
-async def test_store_transport_commits_before_answering(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """StoreTransport decodes and writes in a worker thread (never on the loop) and answers 200
-    after the spans are in the store; it reads headers whatever their case."""
-    transport = StoreTransport(tmp_path / "t.db", max_age_days=None, max_bytes=None)
-    threads: list[int] = []
-    real_write = Store.write
-
-    def spy(self: Store, spans: Any) -> None:
-        threads.append(threading.get_ident())
-        real_write(self, spans)
-
-    monkeypatch.setattr(Store, "write", spy)
-    body, encoding = _otlp.compress(_request([_wire(5, 1), _wire(5, 2)]), "gzip")
-    response = await transport.send(
-        body, {"Content-Type": "application/x-protobuf", "Content-Encoding": str(encoding)}
-    )
-    assert response.status == 200
-    assert threads
-    assert threads[0] != threading.get_ident()
-    assert transport.store.list_traces()[0]["span_count"] == 2
-    json_response = await transport.send(
-        _request([_wire(6, 1)], "json"), {"content-type": "application/json"}
-    )
-    assert json_response.status == 200
-    assert len(transport.store.list_traces()) == 2
-    await transport.aclose()
-
-
-async def test_store_transport_rejects_a_malformed_body(tmp_path: Path) -> None:
-    """A body that does not decode gets a 400 with the reason, and the store is unchanged."""
-    transport = StoreTransport(tmp_path / "t.db", max_age_days=None, max_bytes=None)
-    response = await transport.send(b"\x0a\xff\xff", {"content-type": "application/x-protobuf"})
-    assert response.status == 400
-    assert response.body
-    assert not (tmp_path / "t.db").exists() or transport.store.list_traces() == []
-    await transport.aclose()
-
-
-async def test_store_transport_answers_503_when_the_store_is_locked(tmp_path: Path) -> None:
-    """A store held locked past the busy timeout gets a 503 (the pipeline retries), not an
-    exception."""
-    path = tmp_path / "locked.db"
-    with Store(path) as s:
-        s.write([dspan(1, 1)])
-    transport = StoreTransport(path, max_age_days=None, max_bytes=None)
-    transport._store = Store(path, busy_timeout=0.05)
-    blocker = sqlite3.connect(path, isolation_level=None)
-    blocker.execute("BEGIN IMMEDIATE")
-    try:
-        response = await transport.send(
-            _request([_wire(8, 1)]), {"content-type": "application/x-protobuf"}
-        )
-    finally:
-        blocker.execute("ROLLBACK")
-        blocker.close()
-    assert response.status == 503
-    await transport.aclose()
-
-
-def test_store_transport_takes_retention_from_config(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Built with only a path (as the pipeline does), retention follows the configuration."""
-    monkeypatch.setenv("LOOPTRACE_STORE_MAX_AGE_DAYS", "3")
-    monkeypatch.setenv("LOOPTRACE_STORE_MAX_BYTES", "123456")
-    monkeypatch.setattr(_store.transport._state, "config", None)
-    transport = StoreTransport(tmp_path / "c.db")
-    assert (transport.store.max_age_days, transport.store.max_bytes) == (3.0, 123456)
-    asyncio.run(transport.aclose())
-
-
-def test_store_transport_reopens_after_fork(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """In a forked child (another pid), the transport opens its own connections instead of
-    using the parent's, and writes still land."""
-    transport = StoreTransport(tmp_path / "f.db", max_age_days=None, max_bytes=None)
-    parent_store = transport.store
-    monkeypatch.setattr(_store.transport.os, "getpid", lambda: -1)
-    child_store = transport.store
-    assert child_store is not parent_store
-    child_store.write([dspan(1, 1)])
-    assert parent_store.list_traces()[0]["trace_id"] == f"{1:032x}"
-    child_store.close()
-    parent_store.close()
 
 
 def test_trace_list_filters_by_service_duration_and_start(tmp_path: Path) -> None:

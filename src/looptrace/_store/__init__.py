@@ -1,6 +1,7 @@
 """The local store: spans in one SQLite file (WAL mode), written by the client and the collector.
 
-With no endpoint configured, the pipeline sends through ``StoreTransport``; ``looptrace serve``
+With no endpoint configured, the store's exporter (``looptrace._export.store``) writes the
+client's spans here; ``looptrace serve``
 writes the spans it receives over OTLP/HTTP into the same file. Both go through
 ``Store.write``, which applies one batch in one ``BEGIN IMMEDIATE`` transaction with
 ``synchronous=FULL``: once it returns, the batch survives a crash of the process *and* of the
@@ -20,8 +21,7 @@ minute or when a lot has been written since the last check; never on every write
 The parts, one job each: ``schema`` (tables, migrations, ``StoreError``), ``connection`` (the
 file, the writer and reader connections), ``write`` (``Store.write`` and ``_prepare``),
 ``retention``, ``traces``, ``experiments`` and ``lag`` (the reads), ``columns`` (the JSON
-columns), ``store`` (``Store``, all of them in one class) and ``transport``
-(``StoreTransport``).
+columns) and ``store`` (``Store``, all of them in one class).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from .lag import LAG_PREFIX
 from .schema import SCHEMA_VERSION, StoreError, conn_path
 from .store import Store
 from .traces import LAG_SPAN_NAME, span_from_row
-from .transport import StoreTransport
 
 __all__ = [
     "LAG_PREFIX",
@@ -38,7 +37,6 @@ __all__ = [
     "SCHEMA_VERSION",
     "Store",
     "StoreError",
-    "StoreTransport",
     "conn_path",
     "span_from_row",
 ]

@@ -3,7 +3,7 @@
     decode_request(body, content_type, content_encoding, max_decompressed, max_spans)
         -> list[DecodedSpan]
 
-The body is decompressed within ``max_decompressed`` bytes (``_otlp.decompress``), then parsed
+The body is decompressed within ``max_decompressed`` bytes (``bodies.decompress``), then parsed
 into the generated ``ExportTraceServiceRequest`` by protobuf itself: ``FromString`` (upb, in
 C) for protobuf, orjson and ``json_format.ParseDict`` for OTLP/JSON. Nothing here reads the
 protobuf wire format by hand. The message is then turned into ``DecodedSpan`` objects.
@@ -40,15 +40,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from .._otlp import (
-    DEFAULT_MAX_DECOMPRESSED,
-    JSON_CONTENT_TYPE,
-    PROTOBUF_CONTENT_TYPE,
-    DecodeError,
-    TooManySpans,
-    decompress,
-)
+from .._otlp import JSON_CONTENT_TYPE, PROTOBUF_CONTENT_TYPE
 from .._wire import DecodedSpan
+from .bodies import DEFAULT_MAX_DECOMPRESSED, DecodeError, TooManySpans, decompress
 
 __all__ = ["DecodeError", "TooManySpans", "decode_request"]
 
