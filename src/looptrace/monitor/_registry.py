@@ -1,7 +1,8 @@
 """Which monitors run where: per loop, and per thread for the span hook, under one lock.
 
-Every module of the monitor reads these tables; only ``LagMonitor.start`` and ``_detach`` (and
-the clean-up of loops that closed under a running monitor, here) change them.
+Every module of the monitor reads these tables; only the monitor's lifecycle (``start``, the
+binding to its loop's thread, ``_detach``) and the clean-up of loops that closed under a running
+monitor (here) change them.
 """
 
 from __future__ import annotations
