@@ -331,6 +331,41 @@ async def test_culprits_restore_the_loop_exactly() -> None:
     assert not [t for t in threading.enumerate() if t.name == "looptrace-lag-watchdog"]
 
 
+async def test_overlapping_culprit_monitors_restore_handle_run_after_the_last() -> None:
+    """Culprit monitors that overlap, on one loop and on two loops in two threads, share one
+    hook: Handle._run stays wrapped (and culprits keep coming) while any of them runs, whichever
+    stops first, and the original object is back once the last one stops."""
+    a = LagMonitor(culprits=True, culprit_threshold=0.05).start()
+    b = LagMonitor(culprits=True, culprit_threshold=0.05).start()
+    a.stop()
+    assert asyncio.events.Handle.__dict__["_run"] is not ORIGINAL_RUN
+    await asyncio.create_task(blocking_coroutine(0.12))
+    assert [c.qualname for c in b.culprits] == ["blocking_coroutine"]
+    assert a.culprits == []
+    b.stop()
+    assert asyncio.events.Handle.__dict__["_run"] is ORIGINAL_RUN
+
+    # Another loop in another thread starts watching first and stops first.
+    other = asyncio.new_event_loop()
+    thread = threading.Thread(target=other.run_forever, name="other-loop")
+    try:
+        c = LagMonitor(culprits=True).start(loop=other)
+        thread.start()
+        d = LagMonitor(culprits=True).start()
+        assert asyncio.events.Handle.__dict__["_run"] is not ORIGINAL_RUN
+        c.stop()
+        assert asyncio.events.Handle.__dict__["_run"] is not ORIGINAL_RUN
+        d.stop()
+    finally:
+        other.call_soon_threadsafe(other.stop)
+        thread.join(timeout=5)
+        other.close()
+    assert asyncio.events.Handle.__dict__["_run"] is ORIGINAL_RUN
+    assert monitor._original_run is ORIGINAL_RUN
+    assert not monitor._watches
+    assert not [t for t in threading.enumerate() if t.name == "looptrace-lag-watchdog"]
+
+
 # -- span lag ----------------------------------------------------------------------------------
 
 
