@@ -234,7 +234,9 @@ async def test_first_flush_after_configure_hands_nothing_to_a_thread(
         looptrace.configure(endpoint=server.endpoint, flush_interval=0.05, offload=True)
         make_spans(3)
     else:
-        monkeypatch.setattr(_export, "serialize_ready", lambda cfg: False)
+        monkeypatch.setattr(
+            _export.otlp_http.OtlpHttpExporter, "loaded_cheaply", lambda self: False
+        )
         use(server)
         make_spans(3)
     assert (await looptrace.flush(5)).ok

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _errors, _state
 from .._config import Config
+from . import flusher
 from .buffer import DROP_REASONS
 from .pipeline import Pipeline
 from .stats import FlushResult, OffloadStatistics, Statistics
@@ -58,6 +59,22 @@ def _wire_lag_monitor(cfg: Config) -> None:
         _state.add_hooks(start=_start_lag_monitor)
     else:
         _state.remove_hooks(start=_start_lag_monitor)
+
+
+def _monitor_on_loop(cfg: Config, loop: asyncio.AbstractEventLoop) -> None:
+    """LOOPTRACE_LAG_MONITOR: every loop that traces gets a monitor, started where the flusher
+    starts, because that is the first moment looptrace runs on that loop."""
+    if cfg.lag_monitor:
+        from ..monitor import ensure_from_config
+
+        ensure_from_config(cfg)
+
+
+def _monitor_loop_ends(cfg: Config, loop: asyncio.AbstractEventLoop) -> None:
+    """The monitor's last summary window of a loop going away, which the private thread sends."""
+    monitor = sys.modules.get("looptrace.monitor")
+    if cfg.lag_monitor and monitor is not None:
+        monitor.finish_windows(loop)
 
 
 def _start_lag_monitor(span: Span) -> None:
@@ -159,16 +176,6 @@ def prepare_ahead() -> None:
         return  # a bad setting is reported where the settings are applied, not here
     if not cfg.disabled:
         _prepare(cfg)
-
-
-def serialize_ready(cfg: Config) -> bool:
-    """Whether the export modules are imported and ``cfg``'s serialization policy is built."""
-    serialize = sys.modules.get("looptrace._serialize")
-    if serialize is None or "looptrace._encode" not in sys.modules:
-        return False
-    if cfg.offload and "looptrace._offload" not in sys.modules:
-        return False
-    return serialize.has_policy(cfg)  # type: ignore[no-any-return]
 
 
 def get_config() -> Config:
@@ -363,6 +370,8 @@ __all__ = [
 if isinstance(_state.sink, _state.NullSink) and not (_state.config and _state.config.disabled):
     _state.sink = STARTS_PIPELINE
 _state.config_listeners.append(_wire_lag_monitor)
+flusher.ON_LOOP.append(_monitor_on_loop)
+flusher.ON_LOOP_END.append(_monitor_loop_ends)
 _state.prepare_ahead = prepare_ahead
 if _state.config is not None:
     _wire_lag_monitor(_state.config)

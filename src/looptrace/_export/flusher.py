@@ -45,6 +45,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("looptrace")
 
+LoopHook = Callable[["Config", asyncio.AbstractEventLoop], None]
+# Run where a flusher starts on an application's loop (the first moment looptrace runs there),
+# and when that loop goes away under it; the wiring puts the lag monitor's start and its last
+# summary window here.
+ON_LOOP: list[LoopHook] = []
+ON_LOOP_END: list[LoopHook] = []
+
 
 class Flusher:
     """One buffer, its flusher task(s), and the exporter they hand batches to."""
@@ -156,13 +163,9 @@ class Flusher:
         else:  # pragma: no cover
             home.task = loop.create_task(coro, name="looptrace-flusher")
         self._homes.append(home)
-        if self.cfg.lag_monitor:
-            # LOOPTRACE_LAG_MONITOR: every loop that traces gets a monitor, started where the
-            # flusher starts, because that is the first moment looptrace runs on that loop.
+        for hook in ON_LOOP:
             try:
-                from ..monitor import ensure_from_config
-
-                ensure_from_config(self.cfg)
+                hook(self.cfg, loop)
             except Exception as exc:
                 report_internal("pipeline.lag_monitor", exc)
         return home
@@ -220,11 +223,8 @@ class Flusher:
                         self._dead_loops.add(home.loop)
                     except TypeError:  # pragma: no cover - a loop without weakref support
                         pass
-                    if self.cfg.lag_monitor:
-                        # Its monitor's last summary window, which the private thread sends.
-                        monitor = sys.modules.get("looptrace.monitor")
-                        if monitor is not None:
-                            monitor.finish_windows(home.loop)
+                    for hook in ON_LOOP_END:
+                        hook(self.cfg, home.loop)
                 raise
             finally:
                 await self._wind_down(home)
@@ -302,7 +302,7 @@ class Flusher:
         slots = home.slots
         cfg = self.cfg
         if self._roots and cfg.sends_in_progress:
-            records = self._in_progress_batch()
+            records = self._roots.batch(self.exporter, self.buffer)
             if records is not None:
                 await slots.acquire()
                 self._spawn(home, records)
@@ -383,25 +383,6 @@ class Flusher:
             parts.append(part(batch.lo + start, batch.lo + end, kept, end - start - len(kept)))
         self.buffer.replace(batch, parts)
         return parts
-
-    # ------------------------------------------------------------------ in-progress records
-    def _in_progress_batch(self) -> Batch | None:
-        """Records for long-running roots still open."""
-        chunks = []
-        for span in self._roots.take_due():
-            try:
-                chunks.append(self.exporter.encode_open(span))
-            except Exception as exc:
-                report_internal("pipeline.in_progress", exc)
-        if not chunks:
-            return None
-        lo = self.buffer.flush_target()
-        batch = Batch(lo, lo, [], sum(len(c) for c in chunks))
-        batch.spans = None
-        batch.chunks = chunks
-        batch.records = len(chunks)
-        self.buffer.track(batch)
-        return batch
 
     # ------------------------------------------------------------------ sending
     async def _send(self, home: Home, batch: Batch) -> None:

@@ -8,9 +8,13 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from .. import _clock
+from .._errors import report_internal
+from .buffer import Batch
 
 if TYPE_CHECKING:
     from .._span import Span
+    from .buffer import Buffer
+    from .exporter import Exporter
 
 __all__ = ["OpenRoots"]
 
@@ -49,3 +53,22 @@ class OpenRoots:
             (due if span.start_ns <= cutoff else keep).append(span)
         roots.extendleft(reversed(keep))
         return due
+
+    def batch(self, exporter: Exporter, buffer: Buffer) -> Batch | None:
+        """The records of the roots now due, as a batch the buffer tracks in flight (they count
+        as records, not spans: each root's final record is a span like any other)."""
+        chunks = []
+        for span in self.take_due():
+            try:
+                chunks.append(exporter.encode_open(span))
+            except Exception as exc:
+                report_internal("pipeline.in_progress", exc)
+        if not chunks:
+            return None
+        lo = buffer.flush_target()
+        batch = Batch(lo, lo, [], sum(len(c) for c in chunks))
+        batch.spans = None
+        batch.chunks = chunks
+        batch.records = len(chunks)
+        buffer.track(batch)
+        return batch

@@ -14,6 +14,7 @@ the worker hands the encoded span back and it travels like any other.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Awaitable, Callable, Sequence, Sized
 from typing import TYPE_CHECKING
 
@@ -67,9 +68,13 @@ class OtlpHttpExporter:
 
     # ------------------------------------------------------------------ the codec
     def loaded_cheaply(self) -> bool:
-        from . import serialize_ready
-
-        return serialize_ready(self.cfg)
+        # configure() imported the codec and built the policy (see _export.prepare_ahead).
+        serialize = sys.modules.get("looptrace._serialize")
+        if serialize is None or "looptrace._encode" not in sys.modules:
+            return False
+        if self.cfg.offload and "looptrace._offload" not in sys.modules:
+            return False
+        return bool(serialize.has_policy(self.cfg))
 
     def load(self) -> None:
         from .. import _otlp, _serialize

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import sys
 import threading
 from collections.abc import Sequence, Sized
 from pathlib import Path
@@ -58,9 +59,8 @@ class StoreExporter:
         return f"StoreExporter({str(self.path)!r})"
 
     def loaded_cheaply(self) -> bool:
-        from . import serialize_ready
-
-        return serialize_ready(self.cfg)
+        serialize = sys.modules.get("looptrace._serialize")
+        return serialize is not None and bool(serialize.has_policy(self.cfg))
 
     def load(self) -> None:
         from .. import _otlp, _serialize
