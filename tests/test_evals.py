@@ -625,7 +625,7 @@ async def test_backpressure_pauses_the_run_then_resumes(server: OtlpTestServer) 
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(body)
-        await _wait_until(lambda: exp._bp_waiting and server.wait_for_active(1, 0))
+        await _wait_until(lambda: exp._backpressure.waiting and server.wait_for_active(1, 0))
         assert len(exp.results) < 5  # held up while the backend holds the spans
         stats = looptrace.statistics()
         assert stats.queued_bytes + stats.in_flight_bytes > 1
