@@ -189,9 +189,9 @@ def structure_payload(size: int) -> dict[str, Any]:
 
 def threshold_table() -> None:
     from looptrace import _otlp, _serialize
+    from looptrace._capture.spans import Span
     from looptrace._config import Config
-    from looptrace._offload import Destination, Offloader
-    from looptrace._span import Span
+    from looptrace._offload.parent import Destination, Offloader
 
     cfg = Config()
     off = Offloader(workers=1)
@@ -257,7 +257,7 @@ def threshold_table() -> None:
             def handoff(span: Span = span) -> None:
                 # What the loop does to hand a span over: the hooks, the walk that lifts its
                 # large values out (the pool's thread copies those) and the pickle of the rest.
-                from looptrace._offload import _Lifter
+                from looptrace._offload.parent import _Lifter
 
                 wire, inputs, output, pol, cap = _serialize.prepare(span, cfg)
                 lifter = _Lifter()
@@ -377,8 +377,8 @@ def transfer_run(port: int, payload: Any, calls: int, tmp: str) -> tuple[list[fl
     requests to the sink: what moving 250 MB to a receiver on the same two CPUs costs this
     process's loop. The offload row pays it too; a backend on another machine would not."""
     from looptrace import _otlp, _serialize
+    from looptrace._capture.spans import Span
     from looptrace._config import Config
-    from looptrace._span import Span
 
     cfg = Config()
     span = Span("handle", 1, 2, 0, 1)

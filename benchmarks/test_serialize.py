@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from looptrace import _otlp, _serialize
+from looptrace._capture.spans import Span
 from looptrace._config import Config
 from looptrace._encode import SpanEncoder
-from looptrace._span import Span
 from scenario_large_payloads import string_payload, structure_payload
 
 CFG = Config()

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
+from looptrace._capture.spans import Span
 from looptrace._export import buffer as _batcher
 from looptrace._export.buffer import PENDING_OVERHEAD_BYTES, Buffer
-from looptrace._span import Span
 
 
 def _fill(buf: Buffer, threads: int, per_thread: int) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 import looptrace
 from looptrace import StatusCode
-from looptrace._span import UNSET
+from looptrace._capture.spans import UNSET
 from looptrace.testing import SpanCapture, capture_spans
 
 

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 import looptrace
 from looptrace import _otlp, _serialize
+from looptrace._capture.spans import UNSET, CallSite, RemoteChildSpan, ScopedSpan, Span
 from looptrace._config import Config
 from looptrace._encode import CLEAN, HOOKED, OFFLOAD, SpanEncoder
 from looptrace._serialize import REDACTED, to_wire
-from looptrace._span import UNSET, CallSite, RemoteChildSpan, ScopedSpan, Span
 from looptrace.collector.decode import decode_request
 from looptrace.testing import capture_spans
 

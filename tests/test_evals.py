@@ -18,7 +18,7 @@ import pytest
 
 import looptrace
 from looptrace import _semconv as sc
-from looptrace._span import UNSET
+from looptrace._capture.spans import UNSET
 from looptrace.evals import Score
 from looptrace.testing import SpanCapture, capture_spans
 from otlp_server import OtlpTestServer

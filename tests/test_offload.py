@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from looptrace import _offload, _otlp, _serialize
+from looptrace import _otlp, _serialize
+from looptrace._capture.spans import Span
 from looptrace._config import Config
-from looptrace._offload import Offloader
-from looptrace._span import Span
+from looptrace._offload import parent as _offload
+from looptrace._offload.parent import Offloader
 
 CFG = Config()
 PARENT_PID = os.getpid()
@@ -279,8 +280,8 @@ def test_unguarded_script_runs_once(tmp_path: Path) -> None:
             f"""
             import asyncio, os
             from looptrace._config import Config
-            from looptrace._offload import Offloader
-            from looptrace._span import Span
+            from looptrace._offload.parent import Offloader
+            from looptrace._capture.spans import Span
 
             with open({str(marker)!r}, "a") as f:
                 f.write(f"{{os.getpid()}}\\n")
@@ -322,8 +323,8 @@ def test_unguarded_script_offloads_plain_values(tmp_path: Path) -> None:
             """
             import asyncio
             from looptrace._config import Config
-            from looptrace._offload import Offloader
-            from looptrace._span import Span
+            from looptrace._offload.parent import Offloader
+            from looptrace._capture.spans import Span
 
             print("top-level")
             span = Span("s", 1, 2, 0, 1)
@@ -367,8 +368,8 @@ def test_workers_exit_when_the_application_is_killed(tmp_path: Path) -> None:
             """
             import asyncio, sys
             from looptrace._config import Config
-            from looptrace._offload import Offloader
-            from looptrace._span import Span
+            from looptrace._offload.parent import Offloader
+            from looptrace._capture.spans import Span
 
             span = Span("s", 1, 2, 0, 1)
             span.end_ns = 2

@@ -15,10 +15,10 @@ import pytest
 
 import looptrace
 from looptrace import _export, _otlp, _serialize
+from looptrace._capture.spans import Span
 from looptrace._config import Config
 from looptrace._net import HttpSettings
-from looptrace._offload import Destination, Offloader
-from looptrace._span import Span
+from looptrace._offload.parent import Destination, Offloader
 from looptrace._transport import Response, RetryPolicy
 from otlp_server import OtlpTestServer
 from pipeline_support import checked_server, install_pipeline
@@ -241,13 +241,14 @@ async def test_worker_loads_nothing_of_the_application(
     pool = offloader._pool
     assert pool is not None
     modules = await asyncio.wrap_future(pool.submit("modules", ()))
-    assert "looptrace._offload_child" in modules
+    assert "looptrace._offload.child" in modules
     assert not set(modules) & {
         "__mp_main__",
         "multiprocessing",
         "asyncio",
         "looptrace._export",
-        "looptrace._capture",
+        "looptrace._capture.decorators",
+        "looptrace._capture.start",
         "pytest",
     }
 

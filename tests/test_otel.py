@@ -354,7 +354,7 @@ async def test_the_sdk_span_processor_hands_spans_to_looptrace(server: OtlpTestS
 
 def test_a_scoped_span_starts_exactly_as_a_span_does() -> None:
     """ScopedSpan writes out Span's constructor for speed: every field must match it."""
-    from looptrace._span import ScopedSpan, Span
+    from looptrace._capture.spans import ScopedSpan, Span
 
     args = ("n", 1, 2, 3, 4, {"a": 1}, "k=v", 2)
     plain, scoped = Span(*args), ScopedSpan(*args, ("scope", "1"), True)

@@ -16,8 +16,8 @@ import pytest
 
 import looptrace
 from looptrace import _export, _state
+from looptrace._capture.spans import Span
 from looptrace._export.buffer import PENDING_OVERHEAD_BYTES, Buffer
-from looptrace._span import Span
 from looptrace._transport import (
     HttpTransport,
     InMemoryTransport,

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import looptrace
 from looptrace import _state
-from looptrace._span import UNSET
+from looptrace._capture.spans import UNSET
 
 OUT = Path(__file__).parent / f"spans-{os.getpid()}.jsonl"
 

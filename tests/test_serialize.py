@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 import looptrace
 from looptrace import _serialize
+from looptrace._capture.spans import Span, SpanContext
 from looptrace._config import Config
 from looptrace._semconv import (
     CODE_FUNCTION,
@@ -40,7 +41,6 @@ from looptrace._semconv import (
     OUTPUT_VALUE,
 )
 from looptrace._serialize import REDACTED, estimate_size, to_json, to_wire
-from looptrace._span import Span, SpanContext
 from looptrace.testing import capture_spans
 
 CFG = Config()

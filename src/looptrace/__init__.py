@@ -14,9 +14,25 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._capture import span, traced
+    from ._capture.context import (
+        attach,
+        bind_context,
+        current_span,
+        extract,
+        inject,
+        suppress_tracing,
+    )
+    from ._capture.decorators import span, traced
+    from ._capture.spans import (
+        Event,
+        Link,
+        NonRecordingSpan,
+        Span,
+        SpanContext,
+        SpanKind,
+        StatusCode,
+    )
     from ._config import Config
-    from ._context import attach, bind_context, current_span, extract, inject, suppress_tracing
     from ._errors import ConfigurationError, LoopTraceError
     from ._export import (
         FlushResult,
@@ -38,7 +54,6 @@ if TYPE_CHECKING:
         uninstrument_anthropic,
         uninstrument_openai,
     )
-    from ._span import Event, Link, NonRecordingSpan, Span, SpanContext, SpanKind, StatusCode
     from .evals import CaseResult, Experiment, ExperimentSummary, Score, experiment, run_experiment
     from .monitor import Culprit, LagMonitor, LagSnapshot
     from .otel import instrument_opentelemetry, uninstrument_opentelemetry
@@ -48,15 +63,15 @@ __version__ = "0.1.0"
 # Each public name and the module that defines it. The imports above are the same list for
 # type checkers; tests/test_public_api.py checks that the two agree.
 _ORIGIN = {
-    "span": "_capture",
-    "traced": "_capture",
+    "span": "_capture.decorators",
+    "traced": "_capture.decorators",
     "Config": "_config",
-    "attach": "_context",
-    "bind_context": "_context",
-    "current_span": "_context",
-    "extract": "_context",
-    "inject": "_context",
-    "suppress_tracing": "_context",
+    "attach": "_capture.context",
+    "bind_context": "_capture.context",
+    "current_span": "_capture.context",
+    "extract": "_capture.context",
+    "inject": "_capture.context",
+    "suppress_tracing": "_capture.context",
     "ConfigurationError": "_errors",
     "LoopTraceError": "_errors",
     "instrument_anthropic": "_genai",
@@ -75,13 +90,13 @@ _ORIGIN = {
     "shutdown_on_signal": "_export",
     "shutdown_sync": "_export",
     "statistics": "_export",
-    "Event": "_span",
-    "Link": "_span",
-    "NonRecordingSpan": "_span",
-    "Span": "_span",
-    "SpanContext": "_span",
-    "SpanKind": "_span",
-    "StatusCode": "_span",
+    "Event": "_capture.spans",
+    "Link": "_capture.spans",
+    "NonRecordingSpan": "_capture.spans",
+    "Span": "_capture.spans",
+    "SpanContext": "_capture.spans",
+    "SpanKind": "_capture.spans",
+    "StatusCode": "_capture.spans",
     "CaseResult": "evals",
     "Experiment": "evals",
     "ExperimentSummary": "evals",
@@ -107,7 +122,7 @@ def __getattr__(name: str) -> Any:
     module = _ORIGIN.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if module == "_capture":
+    if module == "_capture.decorators":
         # The wiring: capture never imports export, so the capture API brings the pipeline
         # with it here, and not with the first span (which may start on the user's event
         # loop: the export modules take a tenth of a second to import).

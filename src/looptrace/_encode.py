@@ -25,8 +25,8 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from . import _otlp, _serialize
+from ._capture.spans import UNSET, CallSite, Span
 from ._semconv import INPUT_MIME_TYPE, INPUT_VALUE, OUTPUT_MIME_TYPE, OUTPUT_VALUE
-from ._span import UNSET, CallSite, Span
 from ._wire import AttrValue
 
 if TYPE_CHECKING:

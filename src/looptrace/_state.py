@@ -10,8 +10,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from ._capture.spans import Span
     from ._config import Config
-    from ._span import Span
 
 
 class Sink(Protocol):

@@ -1,6 +1,6 @@
 """The shapes spans take between stages, after capture.
 
-    Span (raw Python values, ``_span.py``)
+    Span (raw Python values, ``_capture/spans.py``)
       -> WireSpan    (``_serialize.to_wire``: attributes are OTLP-ready primitives / JSON strings)
       -> bytes       (``_otlp.encode_span``: one encoded OTLP ``Span`` message or JSON object)
       -> request     (``_otlp.encode_request``: spans grouped under resource and scope, compressed)

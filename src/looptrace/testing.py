@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import _clock, _export, _state
-from ._span import Span
+from ._capture.spans import Span
 
 # Imported for its wiring: it registers how the lag monitor follows each configuration.
 _ = _export

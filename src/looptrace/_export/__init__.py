@@ -30,7 +30,7 @@ from .pipeline import Pipeline
 from .stats import FlushResult, OffloadStatistics, Statistics
 
 if TYPE_CHECKING:
-    from .._span import Span
+    from .._capture.spans import Span
 
 logger = logging.getLogger("looptrace")
 
@@ -155,7 +155,7 @@ def _prepare(cfg: Config) -> None:
 
     _serialize.policy(cfg)  # compiles the redaction patterns, 3-4 ms
     if cfg.offload:
-        from .. import _offload  # noqa: F401
+        from .._offload import parent  # noqa: F401
 
 
 _prepared = False

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sized
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .._span import Span
+    from .._capture.spans import Span
 
 DROP_REASONS = ("buffer_full", "rejected", "retries_exhausted", "shutdown")
 

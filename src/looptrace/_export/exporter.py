@@ -23,7 +23,7 @@ from collections.abc import Sequence, Sized
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from .._span import Span
+    from .._capture.spans import Span
     from .stats import OffloadStatistics
 
 __all__ = ["SLICE_SECONDS", "Exporter", "Outcome", "Session", "Slices", "Verdict"]

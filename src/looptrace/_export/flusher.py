@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Callable, Sized
 from typing import TYPE_CHECKING
 
-from .._context import suppress_tracing
+from .._capture.context import suppress_tracing
 from .._errors import report_internal
 from .._transport import RetryPolicy, off_loop
 from .buffer import Batch, Buffer, halves, part
@@ -40,8 +40,8 @@ from .retry import Health
 from .stats import DropLog
 
 if TYPE_CHECKING:
+    from .._capture.spans import Span
     from .._config import Config
-    from .._span import Span
 
 logger = logging.getLogger("looptrace")
 

@@ -14,8 +14,8 @@ from .exporter import SENT, Outcome, Slices, Verdict
 from .stats import OffloadStatistics
 
 if TYPE_CHECKING:
+    from .._capture.spans import Span
     from .._config import Config
-    from .._span import Span
 
 __all__ = ["InMemoryExporter"]
 

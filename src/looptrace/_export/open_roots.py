@@ -12,7 +12,7 @@ from .._errors import report_internal
 from .buffer import Batch
 
 if TYPE_CHECKING:
-    from .._span import Span
+    from .._capture.spans import Span
     from .buffer import Buffer
     from .exporter import Exporter
 

@@ -34,11 +34,11 @@ from .exporter import SENT, Outcome, Slices, Verdict
 from .stats import OffloadStatistics
 
 if TYPE_CHECKING:
+    from .._capture.spans import Span
     from .._config import Config
     from .._encode import SpanEncoder
-    from .._offload import Destination, Job, Offloader
+    from .._offload.parent import Destination, Job, Offloader
     from .._otlp import Resource
-    from .._span import Span
 
 __all__ = ["OtlpHttpExporter"]
 
@@ -72,7 +72,7 @@ class OtlpHttpExporter:
         serialize = sys.modules.get("looptrace._serialize")
         if serialize is None or "looptrace._encode" not in sys.modules:
             return False
-        if self.cfg.offload and "looptrace._offload" not in sys.modules:
+        if self.cfg.offload and "looptrace._offload.parent" not in sys.modules:
             return False
         return bool(serialize.has_policy(self.cfg))
 
@@ -89,7 +89,7 @@ class OtlpHttpExporter:
         if cfg.offload:
             # Started at the first large span; at interpreter exit, when no thread can start
             # it, large spans are serialized inline.
-            from .._offload import Destination, Offloader
+            from .._offload.parent import Destination, Offloader
 
             self._offloader = Offloader()
             if not self._custom_transport:
@@ -105,7 +105,7 @@ class OtlpHttpExporter:
     async def encode(self, spans: Sequence[Span]) -> list[Sized | None]:
         """Encode each span, or hand it to a worker, in ~1 ms slices."""
         from .._encode import OFFLOAD
-        from .._offload import STARTABLE
+        from .._offload.parent import STARTABLE
 
         cfg = self.cfg
         encoding = cfg.encoding
@@ -161,7 +161,7 @@ class OtlpHttpExporter:
         offloader = self._offloader
         if offloader is None:
             return OffloadStatistics()
-        from .._offload import FALLBACKS
+        from .._offload.parent import FALLBACKS
 
         stats = offloader.stats
         return OffloadStatistics(
@@ -215,7 +215,7 @@ class _Session:
         destination = self._exporter._destination
         if offloader is None or destination is None:  # shut down under this send
             return Outcome(Verdict.RETRY, "shut down")
-        from .._offload import Unsent
+        from .._offload.parent import Unsent
 
         delivered = await offloader.deliver(job, destination)
         if isinstance(delivered, Unsent):

@@ -13,8 +13,8 @@ from typing import Any
 import anthropic
 from anthropic.resources.messages import AsyncMessages, Messages
 
+from .._capture.start import _activate, _deactivate
 from .._errors import internal_error
-from .._start import _activate, _deactivate
 from . import _core
 from ._core import (
     FINISH_REASONS,

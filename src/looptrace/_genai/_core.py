@@ -17,10 +17,9 @@ from typing import Any
 
 # The pipeline, for its wiring too: an LLM call may be the only thing a program traces.
 from .. import _clock, _export, _state
-from .._capture import start_span
+from .._capture.spans import Span, SpanKind
+from .._capture.start import _activate, _deactivate, start_span
 from .._errors import internal_error
-from .._span import Span, SpanKind
-from .._start import _activate, _deactivate
 
 # Attribute names (OpenTelemetry GenAI semantic conventions, plus looptrace's own figures).
 # looptrace's own say "chunk", not "token": keys holding the word "token" are redacted at export.

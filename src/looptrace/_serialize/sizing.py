@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._span import UNSET, Span
+from .._capture.spans import UNSET, Span
 
 if TYPE_CHECKING:
     pass

@@ -8,6 +8,7 @@ import types
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._capture.spans import UNSET, CallSite, Span
 from .._semconv import (
     CODE_FUNCTION,
     CODE_NAMESPACE,
@@ -22,7 +23,6 @@ from .._semconv import (
     OUTPUT_MIME_TYPE,
     OUTPUT_VALUE,
 )
-from .._span import UNSET, CallSite, Span
 from .._wire import Attributes, AttrValue, WireEvent, WireLink, WireSpan
 from ._common import _CACHE_MAX, _INT64_MIN, _STACKTRACE_MAX, REDACTED, logger, stats
 from .convert import _cut_str, _qualified_type, _safe_str, placeholder

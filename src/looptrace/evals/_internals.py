@@ -7,9 +7,9 @@ what is here has no public equivalent:
 - the attribute names the store and viewer read (``_semconv``);
 - the capture switches (``_state``): whether inputs and outputs are kept, whether tracing is
   disabled, and the span-end hooks that sum a case's token usage;
-- starting a root span whatever span is active, with the clock's ids (``_capture``, ``_clock``);
-- the active-span variable, set across ``__aenter__``/``__aexit__`` (``_context``);
-- how a failure is described on a span (``_span``) and how an error inside looptrace is recorded
+- starting a root span whatever span is active, with the clock's ids (``_capture.start``, ``_clock``);
+- the active-span variable, set across ``__aenter__``/``__aexit__`` (``_capture.context``);
+- how a failure is described on a span (``_capture.spans``) and how an error inside looptrace is recorded
   without reaching user code (``_errors``).
 """
 
@@ -23,11 +23,11 @@ from looptrace import NonRecordingSpan, Span
 from .. import _clock, _state
 from .. import _export as _export  # the wiring: spans need the sink it installs
 from .. import _semconv as semconv
-from .._capture import start_root
-from .._context import CURRENT
+from .._capture.context import CURRENT
+from .._capture.spans import _describe as describe
+from .._capture.spans import _is_cancellation as is_cancellation
+from .._capture.start import start_root
 from .._errors import internal_error
-from .._span import _describe as describe
-from .._span import _is_cancellation as is_cancellation
 
 __all__ = [
     "CURRENT",

@@ -17,7 +17,7 @@ from ._hook import _watch_get, _watches
 from ._registry import _by_thread_get, _get_ident
 
 if TYPE_CHECKING:
-    from .._span import Span
+    from .._capture.spans import Span
     from ._monitor import LagMonitor
 
 _bisect_left = bisect.bisect_left

@@ -49,7 +49,7 @@ def _emit_summary(monitor: LagMonitor) -> None:
     monitor.reset()
     if not snap.count or _state.disabled:
         return
-    from .._capture import start_span
+    from .._capture.start import start_span
 
     attributes: dict[str, Any] = {
         SUMMARY_PREFIX + field.name: getattr(snap, field.name) for field in dataclasses.fields(snap)

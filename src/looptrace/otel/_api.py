@@ -19,10 +19,11 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import INVALID_SPAN as OTEL_INVALID_SPAN
 from opentelemetry.util import types
 
-from .. import _capture, _export, _state
-from .._context import CURRENT
+from .. import _export, _state
+from .._capture.context import CURRENT
+from .._capture.spans import Span as LoopSpan
+from .._capture.start import start_scoped_span
 from .._errors import internal_error
-from .._span import Span as LoopSpan
 from . import _bridge
 from ._span import KINDS, OTelSpan, from_otel, record_escape, to_looptrace_context, to_otel
 
@@ -92,7 +93,7 @@ class Tracer(otel_trace.Tracer):
                 parent = bridge.parent(parent)
         else:
             parent = from_otel(otel_trace.get_current_span(context))
-        s = _capture.start_scoped_span(
+        s = start_scoped_span(
             name,
             dict(attributes) if attributes else None,
             parent,

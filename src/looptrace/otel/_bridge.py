@@ -19,7 +19,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import INVALID_SPAN as OTEL_INVALID_SPAN
 
 from .. import _state
-from .._span import INVALID_SPAN, ScopedSpan, Span
+from .._capture.spans import INVALID_SPAN, ScopedSpan, Span
 from ._span import OTelSpan, from_otel, to_otel
 
 # The key every instrumentation package checks before it records anything; the

@@ -15,13 +15,13 @@ from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.sdk.trace import SpanProcessor as SdkSpanProcessor
 
 from .. import _state
+from .._capture.spans import Event, Link, ScopedSpan, SpanContext
 from .._errors import internal_error
-from .._span import Event, Link, ScopedSpan, SpanContext
 from . import _bridge
 from ._span import trace_state_of
 
 if TYPE_CHECKING:
-    from .._span import Span
+    from .._capture.spans import Span
 
 
 class SpanProcessor(SdkSpanProcessor):

@@ -20,8 +20,8 @@ from opentelemetry.trace import StatusCode as OTelStatusCode
 from opentelemetry.util import types
 
 from .. import _clock
+from .._capture.spans import Event, NonRecordingSpan, ScopedSpan, Span, SpanContext, StatusCode
 from .._semconv import EXCEPTION_EVENT
-from .._span import Event, NonRecordingSpan, ScopedSpan, Span, SpanContext, StatusCode
 
 _ESCAPED = "exception.escaped"
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)

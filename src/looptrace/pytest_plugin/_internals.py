@@ -7,9 +7,9 @@ equivalent:
 
 - the pipeline, imported for its wiring: it installs the sink the test spans end in;
 - the attribute names the store and viewer read (``_semconv``);
-- starting a root span whatever span is active, unless tracing is disabled (``_capture``,
+- starting a root span whatever span is active, unless tracing is disabled (``_capture.start``,
   ``_state``);
-- the active-span variable, set around each test's setup, call and teardown (``_context``);
+- the active-span variable, set around each test's setup, call and teardown (``_capture.context``);
 - where the local store lives by default, to print the command that opens it (``_config``).
 """
 
@@ -22,9 +22,9 @@ from looptrace import NonRecordingSpan, Span
 from .. import _export as _export  # the wiring: spans need the sink it installs
 from .. import _semconv as semconv
 from .. import _state
-from .._capture import start_root
+from .._capture.context import CURRENT
+from .._capture.start import start_root
 from .._config import default_store_path
-from .._context import CURRENT
 
 __all__ = ["CURRENT", "default_store_path", "new_root", "semconv"]
 

@@ -1,6 +1,6 @@
 """Worker processes: fresh interpreters talked to over their standard pipes, one thread each.
 
-Each worker is ``subprocess.Popen`` of this interpreter running :func:`looptrace._worker.main`
+Each worker is ``subprocess.Popen`` of this interpreter running :func:`looptrace._offload.worker.main`
 (never the application's ``__main__``, never ``multiprocessing``'s start methods), which works
 the same on Linux, macOS and Windows and under any event loop. In the parent, one thread per
 worker writes its calls and reads its answers with blocking I/O: the GIL is released for the
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from ._worker import Raw, RawValue, read_frame, unpack, write_frame, yield_cpu
+from .worker import Raw, RawValue, read_frame, unpack, write_frame, yield_cpu
 
 __all__ = ["Pool", "Raw", "WorkerError", "WorkerGone"]
 
@@ -56,8 +56,8 @@ class WorkerError(Exception):
 def _command() -> list[str]:
     # The directory that holds this package goes first on the child's path for the one import
     # that bootstraps it; the worker then takes the application's own sys.path.
-    home = str(Path(__file__).resolve().parent.parent)
-    code = f"import sys; sys.path.insert(0, {home!r}); from looptrace._worker import main; main()"
+    home = str(Path(__file__).resolve().parents[2])
+    code = f"import sys; sys.path.insert(0, {home!r}); from looptrace._offload.worker import main; main()"
     return [sys.executable, "-c", code]
 
 

@@ -13,8 +13,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from . import _otlp, _serialize
-from ._net import HttpSettings
+from .. import _otlp, _serialize
+from .._net import HttpSettings
 
 if TYPE_CHECKING:
     import httpx
@@ -139,7 +139,7 @@ def _work(
     """Finish serializing one prepared span, and encode it: the encoded span comes back raw.
     (A value the worker cannot rebuild, such as a class from the user's ``__main__``, fails
     in the unpickling, which answers with the error.)"""
-    from ._worker import Raw
+    from .worker import Raw
 
     try:
         inputs, output = _restored(inputs, output, raw or [])

@@ -13,12 +13,12 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
-from . import _state
-from ._context import CURRENT
-from ._errors import internal_error
-from ._generators import _wrap_async_generator, _wrap_generator
-from ._span import CallSite, NonRecordingSpan, Span, SpanContext, SpanKind
-from ._start import (
+from .. import _state
+from .._errors import internal_error
+from .context import CURRENT
+from .generators import _wrap_async_generator, _wrap_generator
+from .spans import CallSite, NonRecordingSpan, Span, SpanContext, SpanKind
+from .start import (
     _activate,
     _bridge_exit,
     _deactivate,
@@ -61,7 +61,7 @@ class span:
     def __enter__(self) -> Span:
         parent = self._parent
         if isinstance(parent, SpanContext):
-            from ._context import _RemoteParent
+            from .context import _RemoteParent
 
             if parent.sampled:
                 parent = _RemoteParent(

@@ -4,7 +4,7 @@ The parent runs the user's hooks and builds everything but the payload values
 (:func:`looptrace._serialize.prepare`); the worker serializes the values, applies the caps and
 encodes the span (:func:`looptrace._serialize.finish` + ``_otlp.encode_span``): the same code,
 so the bytes are identical to the inline path (the worker's side is
-:mod:`looptrace._offload_child`, the processes :mod:`looptrace._workers`).
+:mod:`looptrace._offload.child`, the processes :mod:`looptrace._offload.pool`).
 
 A payload's large strings and bytes do not go through the pickle: the parent replaces them by
 slots and the pool's thread sends them after it (a ``bytes`` as it is; a ``str`` encoded a
@@ -33,13 +33,14 @@ from collections import Counter
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from . import _serialize, _workers
-from ._offload_child import LIFT_BUDGET, Destination, Slot
-from ._transport import Response
+from .. import _serialize
+from .._transport import Response
+from . import pool as _workers
+from .child import LIFT_BUDGET, Destination, Slot
 
 if TYPE_CHECKING:
-    from ._config import Config
-    from ._span import Span
+    from .._capture.spans import Span
+    from .._config import Config
 
 __all__ = ["FALLBACKS", "Destination", "Job", "Offloader"]
 
@@ -297,7 +298,7 @@ class Offloader:
         return last[2]
 
     def _inline(self, span: Span, cfg: Config, encoding: str, reason: str) -> bytes:
-        from . import _otlp
+        from .. import _otlp
 
         self.stats[reason] += 1
         return _otlp.encode_span(_serialize.to_wire(span, cfg), encoding)
@@ -312,7 +313,7 @@ class Offloader:
         encoding: str,
         reason: str,
     ) -> bytes:
-        from . import _otlp
+        from .. import _otlp
 
         self.stats[reason] += 1
         # ``prepare`` already ran the user's hooks once; finish the same payload here.
@@ -378,7 +379,7 @@ class Offloader:
 
 
 def _new_pool(workers: int) -> _workers.Pool:
-    pool = _workers.Pool(workers, "looptrace._offload_child")
+    pool = _workers.Pool(workers, "looptrace._offload.child")
     pool.start(_START_TIMEOUT)
     return pool
 

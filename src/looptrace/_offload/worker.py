@@ -1,6 +1,6 @@
-"""The worker process: answers calls from :mod:`looptrace._workers` over its standard pipes.
+"""The worker process: answers calls from :mod:`looptrace._offload.pool` over its standard pipes.
 
-A worker is started as ``python -c "...; from looptrace._worker import main; main()"``: a
+A worker is started as ``python -c "...; from looptrace._offload.worker import main; main()"``: a
 fresh interpreter that never imports the application's ``__main__`` (a script without an
 ``if __name__ == "__main__"`` guard neither breaks nor runs twice), whatever start method the
 application's own ``multiprocessing`` uses. It reads calls on standard input and answers on a

@@ -7,10 +7,10 @@ import functools
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from typing import Any
 
-from . import _state
-from ._semconv import GENERATOR_CLOSED_EARLY, GENERATOR_ITEMS
-from ._span import Span
-from ._start import _activate, _deactivate
+from .. import _state
+from .._semconv import GENERATOR_CLOSED_EARLY, GENERATOR_ITEMS
+from .spans import Span
+from .start import _activate, _deactivate
 
 
 def _finish_items(s: Span, items: list[Any], count: int, keep: bool) -> None:

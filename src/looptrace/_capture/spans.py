@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Final, NamedTuple
 
-from . import _clock, _state
-from ._semconv import CANCELLED, EXCEPTION_EVENT
+from .. import _clock, _state
+from .._semconv import CANCELLED, EXCEPTION_EVENT
 
 
 class StatusCode(enum.IntEnum):
@@ -320,7 +320,7 @@ class Span:
             _state.sink.on_end(self)
         except Exception as exc:
             try:
-                from ._errors import internal_error
+                from .._errors import internal_error
             except Exception:  # the interpreter is being torn down: nothing left to tell
                 return
             internal_error("span.end", exc)

@@ -14,8 +14,8 @@ import re
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import ParamSpec, TypeVar
 
-from . import _state
-from ._span import INVALID_SPAN, Span, SpanContext
+from .. import _state
+from .spans import INVALID_SPAN, Span, SpanContext
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -52,7 +52,7 @@ def attach(context: SpanContext | None) -> Iterator[None]:
             "", context.trace_id, context.span_id, 0, 0, None, context.trace_state
         )
     else:
-        from ._span import NonRecordingSpan
+        from .spans import NonRecordingSpan
 
         parent = NonRecordingSpan(context.trace_id, context.span_id, context.trace_state)
     with _active(parent):

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _clock, _state
-from ._context import CURRENT
-from ._errors import internal_error
-from ._span import NonRecordingSpan, RemoteChildSpan, ScopedSpan, Span, SpanKind
+from .. import _clock, _state
+from .._errors import internal_error
+from .context import CURRENT
+from .spans import NonRecordingSpan, RemoteChildSpan, ScopedSpan, Span, SpanKind
 
 _MASK64 = (1 << 64) - 1
 _current_get = CURRENT.get
