@@ -19,14 +19,16 @@ import asyncio
 import dataclasses
 import enum
 import time
-from collections.abc import Sequence, Sized
+from collections.abc import Callable, Sequence, Sized
 from typing import TYPE_CHECKING, Protocol
+
+from .._errors import report_internal
 
 if TYPE_CHECKING:
     from .._capture.spans import Span
     from .stats import OffloadStatistics
 
-__all__ = ["SLICE_SECONDS", "Exporter", "Outcome", "Session", "Slices", "Verdict"]
+__all__ = ["SLICE_SECONDS", "Exporter", "Outcome", "Session", "Slices", "Verdict", "encode_each"]
 
 # An exporter's CPU work on the flusher's loop runs in slices of about this long between yields.
 SLICE_SECONDS = 0.001
@@ -140,3 +142,18 @@ class Slices:
     async def pause(self) -> None:
         await asyncio.sleep(0)
         self._started = time.perf_counter()
+
+
+async def encode_each(spans: Sequence[Span], encode: Callable[[Span], Sized]) -> list[Sized | None]:
+    """``encode`` applied to each span in :class:`Slices`; None (reported) for a span it
+    could not encode. The loop of an exporter whose every span takes the same route."""
+    chunks: list[Sized | None] = [None] * len(spans)
+    slices = Slices()
+    for i, span in enumerate(spans):
+        try:
+            chunks[i] = encode(span)
+        except Exception as exc:
+            report_internal("pipeline.encode", exc)
+        if slices.due():
+            await slices.pause()
+    return chunks

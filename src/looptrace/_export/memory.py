@@ -8,9 +8,8 @@ import collections
 from collections.abc import Iterable, Sequence, Sized
 from typing import TYPE_CHECKING
 
-from .. import _errors
 from .._wire import WireSpan
-from .exporter import SENT, Outcome, Slices, Verdict
+from .exporter import SENT, Outcome, Verdict, encode_each
 from .stats import OffloadStatistics
 
 if TYPE_CHECKING:
@@ -54,16 +53,7 @@ class InMemoryExporter:
         return self._estimate(span)
 
     async def encode(self, spans: Sequence[Span]) -> list[Sized | None]:
-        chunks: list[Sized | None] = [None] * len(spans)
-        slices = Slices()
-        for i, span in enumerate(spans):
-            try:
-                chunks[i] = self.encode_open(span)
-            except Exception as exc:
-                _errors.report_internal("pipeline.encode", exc)
-            if slices.due():
-                await slices.pause()
-        return chunks
+        return await encode_each(spans, self.encode_open)
 
     def encode_open(self, span: Span) -> Sized:
         return _Wired(self._to_wire(span, self.cfg), self._estimate(span))

@@ -18,10 +18,9 @@ from collections.abc import Sequence, Sized
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import _errors
 from .._transport import off_loop
 from .._wire import DecodedSpan, WireSpan
-from .exporter import SENT, Outcome, Slices, Verdict
+from .exporter import SENT, Outcome, Verdict, encode_each
 from .stats import OffloadStatistics
 
 if TYPE_CHECKING:
@@ -75,16 +74,7 @@ class StoreExporter:
         return int(self._estimate(span))
 
     async def encode(self, spans: Sequence[Span]) -> list[Sized | None]:
-        chunks: list[Sized | None] = [None] * len(spans)
-        slices = Slices()
-        for i, span in enumerate(spans):
-            try:
-                chunks[i] = self.encode_open(span)
-            except Exception as exc:
-                _errors.report_internal("pipeline.encode", exc)
-            if slices.due():
-                await slices.pause()
-        return chunks
+        return await encode_each(spans, self.encode_open)
 
     def encode_open(self, span: Span) -> Sized:
         wire = self._to_wire(span, self.cfg)
