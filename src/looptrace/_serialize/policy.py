@@ -10,6 +10,7 @@ import orjson
 
 from ._common import _CACHE_MAX, _FEW_QUOTES, _HARD_DEPTH, _QUOTE_PROBE_BYTES, _REGEX_GATE_BYTES
 from .convert import _convert
+from .keys import KeyEnds, _escaped
 
 if TYPE_CHECKING:
     from .._config import Config
@@ -48,6 +49,7 @@ class Policy:
     __slots__ = (
         "_any_first",
         "_key_cache",
+        "_key_ends",
         "_plain_keys",
         "_raw_cache",
         "_words",
@@ -71,6 +73,7 @@ class Policy:
         self._key_cache: dict[str, bool] = {}
         self._plain_keys: set[str] = set()
         self._raw_cache: dict[bytes, bool] = {}
+        self._key_ends = KeyEnds()
         self.default: Callable[[Any], Any] = self._default
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -110,11 +113,11 @@ class Policy:
             return False
         if len(out) < _REGEX_GATE_BYTES and self._any_first.search(out.lower()) is None:
             return False
-        # Many strings (rows of records, chat messages): look for the redaction words
-        # themselves. Listing the keys with a regex cost 50-100 ns per byte of every string,
-        # keys and values alike: 3.5 ms for 64 KB of base64, 0.6 ms for 6 KB of chat messages.
+        # Many strings (rows of records, chat messages): find the keys from their ends and
+        # check each kind of key once (keys/``KeyEnds``). Searching for the redaction words
+        # instead cost a pass over every byte per word: 0.9 ms for 165 KB of records.
         if out.count(b'"', 0, _QUOTE_PROBE_BYTES) > _FEW_QUOTES:
-            return self._scan_words(out)
+            return self._scan_keys(out)
         # Few strings (the usual shape of a big payload: a handful of keys, huge values):
         # read each key back from the text and apply the exact rule. Quotes are found with
         # memchr speed; unescaped ones alternate open/close, and only a key's close is
@@ -125,7 +128,7 @@ class Policy:
         while q != -1:
             seen += 1
             if seen > _FEW_QUOTES:
-                return self._scan_words(out)
+                return self._scan_keys(out)
             if not _escaped(out, q):
                 if start < 0:
                     start = q
@@ -150,10 +153,14 @@ class Policy:
         self._raw_cache[raw] = hit
         return hit
 
+    def _scan_keys(self, out: bytes) -> bool:
+        found = self._key_ends.find_secret(out, self._secret_raw)
+        return self._scan_words(out) if found is None else found
+
     def _scan_words(self, out: bytes) -> bool:
-        # Many keys: look for the redaction words themselves, then confirm each hit is inside
-        # a key, at word boundaries (so max_tokens does not send every LLM payload down the
-        # careful path).
+        # Many keys that do not repeat (ids as keys): look for the redaction words themselves,
+        # then confirm each hit is inside a key, at word boundaries (so max_tokens does not
+        # send every LLM payload down the careful path).
         low = out.lower()
         find = low.find
         for w in self._words:
@@ -186,14 +193,6 @@ def _boundary_before(out: bytes, p: int) -> bool:
         return True
     # Preceded by an escape (\n, \u00e9...): the key had a separator there.
     return out[p - 2] == 92 or (p >= 6 and out[p - 6 : p - 4] == b"\\u")
-
-
-def _escaped(out: bytes, q: int) -> bool:
-    """Whether the quote at ``q`` is preceded by an odd number of backslashes."""
-    slashes = 0
-    while q - 1 - slashes >= 0 and out[q - 1 - slashes] == 92:
-        slashes += 1
-    return slashes % 2 == 1
 
 
 def _is_key_end(out: bytes, pos: int) -> bool:

@@ -1,0 +1,155 @@
+"""The object keys in orjson's output, found from their ends; keys seen before cost one regex
+attempt each.
+
+Every object key orjson writes ends in an unescaped ``":`` and starts right after ``{`` or
+``,`` (compact output, no spaces). Read backwards, each key end is ``:"`` followed by the key
+reversed, so one regex over the reversed bytes can attempt a match at every key end and fail
+at once when the key is one it already knows to be plain: about 30 ns a key, in C, however
+long the values between keys are. Only the other key ends come back to Python, where the key
+is read back and checked exactly (:meth:`~looptrace._serialize.policy.Policy._secret_raw`).
+Structure-heavy payloads repeat a small set of keys (rows, messages, tool schemas), so after
+the first payload of a shape nothing comes back at all.
+
+Why a known key cannot hide another one: the pattern skips a key end only when the text
+before it is ``{"K"`` or ``,"K"`` for a known plain key ``K``. The first of those two quotes
+follows a character that is not a backslash, and the second follows ``K``, whose backslashes
+come in the pairs and escapes it was learned with: neither is escaped, and no unescaped quote
+lies between them. Unescaped quotes alternate, opening and closing strings; so either they
+hold the string ``K`` and the ``:`` makes it a key, or the first closes a string and the
+second opens one (a value starting with ``:``) and no key ends there at all. A key end whose
+quote is escaped (``\\":`` inside a string, such as JSON carried as text) ends no key and
+is skipped too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from ._common import _CACHE_MAX
+
+# The keys the pattern skips, at most: compiling costs about 7 us a key (on the flusher's
+# time), and a trie keeps each attempt's cost flat as the set grows.
+_KNOWN_MAX = 128
+# Longer keys are checked from the per-key cache on every payload instead.
+_KNOWN_KEY_BYTES = 64
+# Key ends one scan may hand back to Python (each ~1 us) before the caller's word scan
+# decides instead: output whose keys never repeat (ids as keys) costs no more than that scan.
+_HITS_MAX = 64
+# Key ends of keys met before but not in the pattern, in one scan, that rebuild it there and
+# then: a long list of records pays the Python check for its first two records only.
+_STALE_REBUILD = 8
+
+# After ``:"`` (reversed): an odd run of backslashes means the quote was escaped.
+_ESCAPED = rb'(?!\\(?:\\\\)*(?!\\))'
+
+
+def _trie(keys: list[bytes]) -> bytes:
+    """An alternation of ``keys`` factored by common prefix (sre tries each branch in turn,
+    with a one-byte check for those that start with a literal)."""
+    groups: dict[bytes, list[bytes]] = {}
+    ends = False
+    for k in keys:
+        if k:
+            groups.setdefault(k[:1], []).append(k[1:])
+        else:
+            ends = True
+    alts = [re.escape(first) + _trie(rest) for first, rest in groups.items()]
+    if ends:
+        alts.append(b"")
+    if len(alts) == 1:
+        return alts[0]
+    return b"(?:" + b"|".join(alts) + b")"
+
+
+def _compile(known: list[bytes]) -> re.Pattern[bytes]:
+    skip = rb'(?!' + _trie([k[::-1] for k in known]) + rb'"[{,])' if known else b""
+    return re.compile(rb':"' + skip + _ESCAPED)
+
+
+def _escaped(out: bytes, q: int) -> bool:
+    """Whether the quote at ``q`` is preceded by an odd number of backslashes."""
+    slashes = 0
+    while q - 1 - slashes >= 0 and out[q - 1 - slashes] == 92:
+        slashes += 1
+    return slashes % 2 == 1
+
+
+def key_ending_at(out: bytes, q: int) -> bytes:
+    """The raw text of the key whose closing quote is at ``q`` (back to the previous
+    unescaped quote; all of the text before ``q`` when there is none)."""
+    s = out.rfind(b'"', 0, q)
+    while s != -1 and _escaped(out, s):
+        s = out.rfind(b'"', 0, s)
+    return out[s + 1 : q]
+
+
+class KeyEnds:
+    """The key ends of one policy's output, with the plain keys it has learned to skip.
+
+    Learning is shared by every thread that serializes under the policy: the pattern only
+    ever names keys checked plain, so a race can lose a key from it, never admit a secret."""
+
+    __slots__ = ("_known", "_pattern", "_seen")
+
+    def __init__(self) -> None:
+        self._known: dict[bytes, None] = {}
+        self._seen: set[bytes] = set()
+        self._pattern = _compile([])
+
+    def find_secret(self, out: bytes, secret: Callable[[bytes], bool]) -> bool | None:
+        """Whether some object key in ``out`` (orjson output) is secret by ``secret`` (which
+        takes a key's raw text); None when too many keys were unknown to tell cheaply."""
+        rev = bytearray(out)
+        rev.reverse()
+        n = len(out)
+        search = self._pattern.search
+        pos = 0
+        hits = 0
+        stale = 0
+        rebuilds = 0
+        grown = False
+        known, seen = self._known, self._seen
+        while True:
+            m = search(rev, pos)
+            if m is None:
+                break
+            p = m.start()
+            pos = p + 2
+            hits += 1
+            if hits > _HITS_MAX:
+                self._grow(grown)
+                return None
+            raw = key_ending_at(out, n - 2 - p)
+            if secret(raw):
+                self._grow(grown)
+                return True
+            if len(raw) > _KNOWN_KEY_BYTES:
+                continue
+            if raw not in known:
+                if raw not in seen:
+                    if len(seen) >= _CACHE_MAX:
+                        seen.clear()
+                    seen.add(raw)
+                    continue
+                # Met before: a repeated key, worth skipping from now on.
+                if len(known) >= _KNOWN_MAX:
+                    continue
+                known[raw] = None
+                grown = True
+            stale += 1
+            if stale >= _STALE_REBUILD and grown and rebuilds < 2:
+                search = self._rebuild()
+                rebuilds += 1
+                stale = 0
+                grown = False
+        self._grow(grown)
+        return False
+
+    def _grow(self, grown: bool) -> None:
+        if grown:
+            self._rebuild()
+
+    def _rebuild(self) -> Callable[[bytes | bytearray, int], re.Match[bytes] | None]:
+        self._pattern = pattern = _compile(list(self._known))
+        return pattern.search
