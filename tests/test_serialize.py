@@ -418,6 +418,52 @@ def test_property_nested_values_never_raise_and_stay_in_bounds() -> None:
     check()
 
 
+def test_property_fast_options_write_what_the_general_ones_write() -> None:
+    """Hypothesis: the first try (str keys only, nothing to convert) gives byte for byte
+    what one orjson call with every option and the conversion hook gives, and hands any
+    other value to that call; conversions are counted once either way."""
+    # An array orjson declines (not contiguous) and over the cap is described by the
+    # conversion hook, and counted.
+    cfg = CFG.replace(redact=False, max_value_bytes=400)
+    pol = _serialize.policy(cfg)
+    leaves = (
+        st.none()
+        | st.booleans()
+        | st.integers(min_value=-(2**63), max_value=2**63)
+        | st.floats(allow_nan=True, allow_infinity=True)
+        | st.text()
+        | st.datetimes()
+        | st.uuids()
+        | st.binary(max_size=20)
+        | st.sampled_from([Color.RED, Level.HIGH, Weird(), Point(1, [2]), np.arange(400)[::2]])
+    )
+    keys = st.text(max_size=6) | st.integers() | st.booleans() | st.none()
+    values = st.recursive(
+        leaves,
+        lambda children: (
+            st.lists(children, max_size=4) | st.dictionaries(keys, children, max_size=4)
+        ),
+        max_leaves=30,
+    )
+
+    @settings(max_examples=200, deadline=None)
+    @given(values)
+    def check(value: Any) -> None:
+        _serialize.stats.clear()
+        try:
+            expected = orjson.dumps(value, default=pol.default, option=_serialize._common._OPTS)
+        except orjson.JSONEncodeError:
+            return  # the careful path's business
+        if len(expected) > cfg.max_value_bytes:
+            return  # so is a value over the cap
+        once = dict(_serialize.stats)
+        _serialize.stats.clear()
+        assert _serialize._dumps(value, pol) == expected
+        assert dict(_serialize.stats) == once
+
+    check()
+
+
 def test_property_secret_prefilter_never_misses_a_secret_key() -> None:
     """Hypothesis: whenever a key is secret, the cheap scan of orjson's output says so;
     keys that are not secret do not trigger it when only a few keys are present."""

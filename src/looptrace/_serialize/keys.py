@@ -41,7 +41,7 @@ _HITS_MAX = 64
 _STALE_REBUILD = 8
 
 # After ``:"`` (reversed): an odd run of backslashes means the quote was escaped.
-_ESCAPED = rb'(?!\\(?:\\\\)*(?!\\))'
+_ESCAPED = rb"(?!\\(?:\\\\)*(?!\\))"
 
 
 def _trie(keys: list[bytes]) -> bytes:
@@ -63,7 +63,7 @@ def _trie(keys: list[bytes]) -> bytes:
 
 
 def _compile(known: list[bytes]) -> re.Pattern[bytes]:
-    skip = rb'(?!' + _trie([k[::-1] for k in known]) + rb'"[{,])' if known else b""
+    skip = rb"(?!" + _trie([k[::-1] for k in known]) + rb'"[{,])' if known else b""
     return re.compile(rb':"' + skip + _ESCAPED)
 
 
@@ -103,7 +103,7 @@ class KeyEnds:
         rev = bytearray(out)
         rev.reverse()
         n = len(out)
-        search = self._pattern.search
+        pattern = self._pattern
         pos = 0
         hits = 0
         stale = 0
@@ -111,7 +111,7 @@ class KeyEnds:
         grown = False
         known, seen = self._known, self._seen
         while True:
-            m = search(rev, pos)
+            m = pattern.search(rev, pos)
             if m is None:
                 break
             p = m.start()
@@ -139,7 +139,7 @@ class KeyEnds:
                 grown = True
             stale += 1
             if stale >= _STALE_REBUILD and grown and rebuilds < 2:
-                search = self._rebuild()
+                pattern = self._rebuild()
                 rebuilds += 1
                 stale = 0
                 grown = False
@@ -150,6 +150,6 @@ class KeyEnds:
         if grown:
             self._rebuild()
 
-    def _rebuild(self) -> Callable[[bytes | bytearray, int], re.Match[bytes] | None]:
+    def _rebuild(self) -> re.Pattern[bytes]:
         self._pattern = pattern = _compile(list(self._known))
-        return pattern.search
+        return pattern
