@@ -28,16 +28,19 @@ from collections.abc import Callable
 
 from ._common import _CACHE_MAX
 
-# The keys the pattern skips, at most: compiling costs about 7 us a key (on the flusher's
-# time), and a trie keeps each attempt's cost flat as the set grows.
-_KNOWN_MAX = 128
+# The keys the pattern skips, at most: compiling takes about 7 us a key (sre parses the
+# pattern in Python, on the flusher's time), and a trie keeps each attempt's cost flat as the
+# set grows.
+_KNOWN_MAX = 64
 # Longer keys are checked from the per-key cache on every payload instead.
 _KNOWN_KEY_BYTES = 64
-# Key ends one scan may hand back to Python (each ~1 us) before the caller's word scan
-# decides instead: output whose keys never repeat (ids as keys) costs no more than that scan.
-_HITS_MAX = 64
-# Key ends of keys met before but not in the pattern, in one scan, that rebuild it there and
-# then: a long list of records pays the Python check for its first two records only.
+# Key ends one scan may hand back to Python (each ~1 us) without learning from them, before
+# the caller's word scan decides instead: output whose keys never repeat (ids as keys) costs
+# little more than that scan.
+_MISSES_MAX = 32
+# Hits on keys met before that show a repeating shape: the pattern is rebuilt there and then
+# with every key this scan met, so a long list of records pays the Python check for its first
+# records only. One compile per scan at most, so no payload pays for more than one.
 _STALE_REBUILD = 8
 
 # After ``:"`` (reversed): an odd run of backslashes means the quote was escaped.
@@ -99,57 +102,64 @@ class KeyEnds:
 
     def find_secret(self, out: bytes, secret: Callable[[bytes], bool]) -> bool | None:
         """Whether some object key in ``out`` (orjson output) is secret by ``secret`` (which
-        takes a key's raw text); None when too many keys were unknown to tell cheaply."""
+        takes a key's raw text); None when too many keys were unknown to tell cheaply.
+
+        A plain key that comes back twice (in this output or an earlier one) is learned:
+        keys that never repeat, such as ids, are never compiled into the pattern."""
         rev = bytearray(out)
         rev.reverse()
         n = len(out)
         pattern = self._pattern
-        pos = 0
-        hits = 0
-        stale = 0
-        rebuilds = 0
-        grown = False
         known, seen = self._known, self._seen
+        met: dict[bytes, None] = {}  # plain keys this scan handed back
+        repeated: dict[bytes, None] = {}  # those met in an earlier scan or twice in this one
+        stale = misses = 0
+        rebuilt = False
+        pos = 0
         while True:
             m = pattern.search(rev, pos)
             if m is None:
                 break
             p = m.start()
             pos = p + 2
-            hits += 1
-            if hits > _HITS_MAX:
-                self._grow(grown)
-                return None
             raw = key_ending_at(out, n - 2 - p)
             if secret(raw):
-                self._grow(grown)
+                self._finish(rebuilt, repeated)
                 return True
-            if len(raw) > _KNOWN_KEY_BYTES:
-                continue
-            if raw not in known:
-                if raw not in seen:
+            if len(raw) <= _KNOWN_KEY_BYTES:
+                if raw in met or raw in seen or raw in known:
+                    repeated[raw] = None
+                    if not rebuilt:
+                        stale += 1
+                        if stale >= _STALE_REBUILD:
+                            met.update(repeated)
+                            pattern = self._learn(met)
+                            rebuilt = True
+                        continue
+                else:
+                    met[raw] = None
                     if len(seen) >= _CACHE_MAX:
                         seen.clear()
                     seen.add(raw)
-                    continue
-                # Met before: a repeated key, worth skipping from now on.
-                if len(known) >= _KNOWN_MAX:
-                    continue
-                known[raw] = None
-                grown = True
-            stale += 1
-            if stale >= _STALE_REBUILD and grown and rebuilds < 2:
-                pattern = self._rebuild()
-                rebuilds += 1
-                stale = 0
-                grown = False
-        self._grow(grown)
+            misses += 1
+            if misses > _MISSES_MAX:
+                self._finish(rebuilt, repeated)
+                return None
+        self._finish(rebuilt, repeated)
         return False
 
-    def _grow(self, grown: bool) -> None:
-        if grown:
-            self._rebuild()
+    def _finish(self, rebuilt: bool, repeated: dict[bytes, None]) -> None:
+        if not rebuilt:
+            self._learn(repeated)
 
-    def _rebuild(self) -> re.Pattern[bytes]:
-        self._pattern = pattern = _compile(list(self._known))
-        return pattern
+    def _learn(self, keys: dict[bytes, None]) -> re.Pattern[bytes]:
+        """Add ``keys`` (checked plain) to the pattern, compiling it only if one is new."""
+        known = self._known
+        grown = False
+        for k in keys:
+            if k not in known and len(known) < _KNOWN_MAX:
+                known[k] = None
+                grown = True
+        if grown:
+            self._pattern = _compile(list(known))
+        return self._pattern

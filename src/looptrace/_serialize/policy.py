@@ -50,6 +50,7 @@ class Policy:
         "_any_first",
         "_key_cache",
         "_key_ends",
+        "_needles",
         "_plain_keys",
         "_raw_cache",
         "_words",
@@ -70,6 +71,7 @@ class Policy:
         self.redact = redact and bool(self._words)
         firsts = sorted({w.first for w in self._words}, key=len, reverse=True)
         self._any_first = re.compile(b"|".join(re.escape(f) for f in firsts) or b"(?!)")
+        self._needles = _needles(self._words)
         self._key_cache: dict[str, bool] = {}
         self._plain_keys: set[str] = set()
         self._raw_cache: dict[bytes, bool] = {}
@@ -163,17 +165,42 @@ class Policy:
         # send every LLM payload down the careful path).
         low = out.lower()
         find = low.find
-        for w in self._words:
-            p = find(w.first, 0)
+        for needle, words in self._needles:
+            p = find(needle, 0)
             while p != -1:
-                m = w.pattern.match(out, p) if _boundary_before(out, p) else None
-                if m is not None and _is_key_end(out, m.end()):
-                    return True
-                p = find(w.first, p + 1)
+                if _boundary_before(out, p):
+                    for w in words:
+                        m = w.pattern.match(out, p)
+                        if m is not None and _is_key_end(out, m.end()):
+                            return True
+                p = find(needle, p + 1)
         return False
 
     def _default(self, obj: Any) -> Any:
         return _convert(obj, self)
+
+
+def _needles(words: tuple[_Word, ...]) -> tuple[tuple[bytes, tuple[_Word, ...]], ...]:
+    """The words grouped by what to search for: words whose first segments share a prefix
+    of four letters or more (or one starts the other) share one pass over the text, searching
+    for that prefix (each pass costs 60-100 us on 165 KB)."""
+    groups: list[tuple[bytes, list[_Word]]] = []
+    for w in sorted(words, key=lambda w: len(w.first)):
+        for i, (needle, members) in enumerate(groups):
+            common = _common_prefix(needle, w.first)
+            if common == needle or len(common) >= 4:
+                groups[i] = (common, [*members, w])
+                break
+        else:
+            groups.append((w.first, [w]))
+    return tuple((needle, tuple(members)) for needle, members in groups)
+
+
+def _common_prefix(a: bytes, b: bytes) -> bytes:
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return a[:n]
 
 
 def _contains(segs: tuple[str, ...], word: tuple[str, ...]) -> bool:
