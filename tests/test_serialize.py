@@ -629,6 +629,30 @@ def test_key_scan_on_very_large_dicts() -> None:
     assert out["k2499"] == records(3)
 
 
+def test_key_scan_failing_falls_back_to_the_word_scan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pattern sre refuses is not learned, and a key scan that fails leaves the decision to
+    the word scan: secret keys are still found, plain output still passes."""
+    from looptrace._serialize import keys
+
+    def refuse(known: list[bytes]) -> Any:
+        raise RecursionError("too deep")
+
+    pol = fresh_policy()
+    rows = records(500)
+    monkeypatch.setattr(keys, "_compile", refuse)
+    for _ in range(3):
+        assert not pol.maybe_secret(orjson.dumps({"rows": rows}))
+    assert pol._key_ends._known == {}
+    assert pol.maybe_secret(orjson.dumps({"rows": rows, "x": {"api-key": 1}}))
+
+    def broken(self: Any, out: bytes, secret: Any) -> bool | None:
+        raise MemoryError
+
+    monkeypatch.setattr(keys.KeyEnds, "find_secret", broken)
+    assert pol.maybe_secret(orjson.dumps({"rows": rows, "x": {"api-key": 1}}))
+    assert not pol.maybe_secret(orjson.dumps({"rows": rows}))
+
+
 def test_property_key_scan_is_exact_on_many_keys() -> None:
     """Hypothesis: with many keys (the key-end scan) and a policy that keeps learning across
     examples, a key is flagged exactly when the rule calls it secret, wherever it sits."""

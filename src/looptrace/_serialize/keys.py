@@ -155,11 +155,13 @@ class KeyEnds:
     def _learn(self, keys: dict[bytes, None]) -> re.Pattern[bytes]:
         """Add ``keys`` (checked plain) to the pattern, compiling it only if one is new."""
         known = self._known
-        grown = False
-        for k in keys:
-            if k not in known and len(known) < _KNOWN_MAX:
-                known[k] = None
-                grown = True
-        if grown:
-            self._pattern = _compile(list(known))
+        added = [k for k in keys if k not in known][: max(_KNOWN_MAX - len(known), 0)]
+        if added:
+            try:
+                pattern = _compile([*known, *added])
+            except Exception:
+                # Whatever sre refuses is simply not skipped: it keeps coming back to Python.
+                return self._pattern
+            known.update(dict.fromkeys(added))
+            self._pattern = pattern
         return self._pattern
