@@ -642,7 +642,7 @@ def test_key_scan_failing_falls_back_to_the_word_scan(monkeypatch: pytest.Monkey
     monkeypatch.setattr(keys, "_compile", refuse)
     for _ in range(3):
         assert not pol.maybe_secret(orjson.dumps({"rows": rows}))
-    assert pol._key_ends._known == {}
+    assert pol._key_ends.known == {}
     assert pol.maybe_secret(orjson.dumps({"rows": rows, "x": {"api-key": 1}}))
 
     def broken(self: Any, out: bytes, secret: Any) -> bool | None:

@@ -91,14 +91,19 @@ class KeyEnds:
     """The key ends of one policy's output, with the plain keys it has learned to skip.
 
     Learning is shared by every thread that serializes under the policy: the pattern only
-    ever names keys checked plain, so a race can lose a key from it, never admit a secret."""
+    ever names keys checked plain, and it is replaced together with the set of keys it names,
+    so a race can lose a key from both (to be learned again), never admit a secret."""
 
-    __slots__ = ("_known", "_pattern", "_seen")
+    __slots__ = ("_seen", "_state")
 
     def __init__(self) -> None:
-        self._known: dict[bytes, None] = {}
         self._seen: set[bytes] = set()
-        self._pattern = _compile([])
+        self._state: tuple[dict[bytes, None], re.Pattern[bytes]] = ({}, _compile([]))
+
+    @property
+    def known(self) -> dict[bytes, None]:
+        """The keys the pattern skips."""
+        return self._state[0]
 
     def find_secret(self, out: bytes, secret: Callable[[bytes], bool]) -> bool | None:
         """Whether some object key in ``out`` (orjson output) is secret by ``secret`` (which
@@ -109,8 +114,8 @@ class KeyEnds:
         rev = bytearray(out)
         rev.reverse()
         n = len(out)
-        pattern = self._pattern
-        known, seen = self._known, self._seen
+        known, pattern = self._state
+        seen = self._seen
         met: dict[bytes, None] = {}  # plain keys this scan handed back
         repeated: dict[bytes, None] = {}  # those met in an earlier scan or twice in this one
         stale = misses = 0
@@ -154,14 +159,14 @@ class KeyEnds:
 
     def _learn(self, keys: dict[bytes, None]) -> re.Pattern[bytes]:
         """Add ``keys`` (checked plain) to the pattern, compiling it only if one is new."""
-        known = self._known
+        known, pattern = self._state
         added = [k for k in keys if k not in known][: max(_KNOWN_MAX - len(known), 0)]
         if added:
+            grown = {**known, **dict.fromkeys(added)}
             try:
-                pattern = _compile([*known, *added])
+                pattern = _compile(list(grown))
             except Exception:
                 # Whatever sre refuses is simply not skipped: it keeps coming back to Python.
-                return self._pattern
-            known.update(dict.fromkeys(added))
-            self._pattern = pattern
-        return self._pattern
+                return pattern
+            self._state = (grown, pattern)
+        return pattern
