@@ -14,8 +14,8 @@ dumps the result. A value that defeats both becomes a placeholder naming its typ
 
 The parts: ``policy`` (secret keys and the scan for them), ``keys`` (the scan that finds the
 keys of long output from their ends and skips those it has learned), ``convert`` (types orjson
-does not know), ``walk`` (the fast and the careful path for one value), ``spans`` (a span's attributes,
-payloads, events and links) and ``sizing`` (the buffer's estimate).
+does not know), ``walk`` (the fast and the careful path for one value), ``spans`` (a span's
+attributes, payloads, events and links) and ``sizing`` (the buffer's estimate).
 """
 
 from __future__ import annotations
