@@ -7,8 +7,11 @@ string-heavy and structure-heavy payloads.
 
 Part 2 (the scenario): 100 calls of a traced coroutine, each carrying a 2.5 MB base64 string,
 then 100 carrying a ~165 KB structure-heavy dict, for looptrace with offload, looptrace
-inline-only, and the OpenTelemetry SDK (BatchSpanProcessor + OTLP/HTTP exporter) recording the
-same attributes. A ticker measures event-loop lag every millisecond; the producer's per-call
+inline-only, the OpenTelemetry SDK (BatchSpanProcessor + OTLP/HTTP exporter) recording the
+same attributes, and LangSmith's SDK (``@traceable`` with its client's background thread, as
+shipped) when ``langsmith`` is installed: it sends to a mock of LangSmith's API in another
+process (``GET /info``, ``POST /runs/multipart`` with zstd, as the real service offers, and
+``POST /runs/batch``), which counts the runs it receives. A ticker measures event-loop lag every millisecond; the producer's per-call
 time is measured around each ``await``. The OTLP sink runs in a separate process (decoding
 250 MB of protobuf in this one would steal the GIL and blur the numbers). A control row, "bytes
 moved, no tracing", runs the untraced baseline while another process sends the same requests:
@@ -16,6 +19,7 @@ the sink shares this machine's two CPUs, and receiving 250 MB costs the loop som
 backend on another machine would not.
 
     .venv/bin/python benchmarks/scenario_large_payloads.py [--calls 100] [--rounds 3]
+        [--only string|structure] [--skip-threshold]
 """
 
 from __future__ import annotations
@@ -129,10 +133,103 @@ def sender_main(port: int, path: str, calls: int) -> None:
         time.sleep(max(0.0, 0.01 - (time.perf_counter() - started)))
 
 
+def langsmith_sink_main() -> None:
+    """A mock of LangSmith's ingestion API: ``GET /info`` (multipart and zstd enabled, as the
+    service answers), ``POST /runs/multipart`` and ``POST /runs/batch``; GET /count says how
+    many distinct runs arrived. Runs SCHED_IDLE, as the OTLP sink does."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(19)
+    import re
+
+    runs: set[bytes] = set()
+    lock = threading.Lock()
+    part_name = re.compile(rb'name="(?:post|patch)\.([0-9a-f-]{36})"')
+    info = orjson.dumps(
+        {
+            "version": "0.10.0",
+            "instance_flags": {"zstd_compression_enabled": True},
+            # The service's answer (the client's own defaults, spelled out).
+            "batch_ingest_config": {
+                "use_multipart_endpoint": True,
+                "size_limit": 100,
+                "size_limit_bytes": 20 * 1024 * 1024,
+                "scale_up_nthreads_limit": 32,
+                "scale_up_qsize_trigger": 200,
+                "scale_down_nempty_trigger": 4,
+            },
+        }
+    )
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def body(self) -> bytes:
+            if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                parts = []
+                while True:
+                    size = int(self.rfile.readline().split(b";")[0], 16)
+                    if size == 0:
+                        self.rfile.readline()
+                        break
+                    parts.append(self.rfile.read(size))
+                    self.rfile.readline()
+                data = b"".join(parts)
+            else:
+                data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if self.headers.get("Content-Encoding") == "zstd":
+                import zstandard
+
+                data = zstandard.ZstdDecompressor().decompressobj().decompress(data)
+            elif self.headers.get("Content-Encoding") == "gzip":
+                data = gzip.decompress(data)
+            return data
+
+        def answer(self, payload: bytes, status: int = 200) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def do_POST(self) -> None:
+            data = self.body()
+            if self.path.endswith("/runs/multipart"):
+                found = set(part_name.findall(data))
+            elif self.path.endswith("/runs/batch"):
+                batch = orjson.loads(data)
+                found = {
+                    str(run["id"]).encode()
+                    for run in batch.get("post", []) + batch.get("patch", [])
+                }
+            else:
+                found = set()
+            with lock:
+                runs.update(found)
+            self.answer(b"{}", 202)
+
+        def do_GET(self) -> None:
+            if self.path.endswith("/info"):
+                self.answer(info)
+                return
+            with lock:
+                payload = str(len(runs)).encode()
+            self.answer(payload)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    print(server.server_address[1], flush=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    sys.stdin.read()
+
+
 class Sink:
-    def __init__(self) -> None:
+    def __init__(self, mode: str = "--sink") -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--sink"],
+            [sys.executable, __file__, mode],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -438,6 +535,36 @@ def otel_run(url: str, payload: Any, calls: int) -> tuple[list[float], list[floa
         provider.shutdown()
 
 
+def has_langsmith() -> bool:
+    try:
+        import langsmith  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def langsmith_run(url: str, payload: Any, calls: int) -> tuple[list[float], list[float]]:
+    """LangSmith's SDK as shipped: ``@traceable`` on the same coroutine, its client's
+    background thread batching runs to the mock API (which offers zstd multipart, as the
+    service does)."""
+    import langsmith
+
+    os.environ["LANGSMITH_TRACING"] = "true"
+    client = langsmith.Client(api_url=url, api_key="bench", auto_batch_tracing=True)
+
+    @langsmith.traceable(client=client, name="handle", project_name="bench")
+    async def handle(request: Any) -> str:
+        return "ok"
+
+    async def finish() -> None:
+        await asyncio.to_thread(client.flush)
+
+    try:
+        return asyncio.run(drive(handle, payload, calls, finish))
+    finally:
+        client.cleanup()
+
+
 def _steal_ms() -> float:
     """CPU time the hypervisor gave to other guests (all CPUs), from /proc/stat."""
     try:
@@ -498,7 +625,7 @@ HEADER = (
 )
 
 
-def scenario(calls: int, rounds: int) -> None:
+def scenario(calls: int, rounds: int, only: str | None = None) -> None:
     """Each row ``rounds`` times, interleaved, so that a burst of noise on a shared machine hits
     one round of every row rather than every round of one. ``steal`` is the CPU time (ms, both
     CPUs) the hypervisor gave to other guests during the row; ``ran/wait/other`` splits the
@@ -512,32 +639,45 @@ def scenario(calls: int, rounds: int) -> None:
     its threads (the application's and the tracer's; not the worker's or the sink's). A round
     with much steal says little."""
     sink = Sink()
+    ls_sink = Sink("--langsmith-sink") if has_langsmith() else None
+    ls_url = f"http://127.0.0.1:{ls_sink.port}" if ls_sink is not None else ""
+    if ls_sink is None:
+        print("langsmith is not installed: its row is skipped (pip install langsmith)")
     tmp = tempfile.mkdtemp(prefix="looptrace-bench-")
     try:
         print(f"\nPart 2: {calls} traced calls per row, 1 ms ticker on the loop, {rounds} rounds")
-        for label, payload in (
-            ("2.5 MB base64 string", string_payload(2_500_000)),
-            ("~165 KB structure-heavy", structure_payload(165_000)),
+        for kind, label, payload in (
+            ("string", "2.5 MB base64 string", string_payload(2_500_000)),
+            ("structure", "~165 KB structure-heavy", structure_payload(165_000)),
         ):
+            if only is not None and kind != only:
+                continue
+            runs: list[tuple[str, Any, Sink]] = [
+                ("no tracing (baseline)", lambda p: baseline_run(p, calls), sink),
+                ("bytes moved, no tracing", lambda p: transfer_run(sink.port, p, calls, tmp), sink),
+                ("looptrace (offload)", lambda p: looptrace_run(sink.url, p, calls, True), sink),
+                (
+                    "looptrace (inline only)",
+                    lambda p: looptrace_run(sink.url, p, calls, False),
+                    sink,
+                ),
+                ("OpenTelemetry SDK", lambda p: otel_run(sink.url, p, calls), sink),
+            ]
+            if ls_sink is not None:
+                runs.append(("LangSmith SDK", lambda p: langsmith_run(ls_url, p, calls), ls_sink))
             print(f"\n{label}  (lag: max, total of ticks late by > 1 ms, median; producer p95)")
             print(HEADER)
             rows: dict[str, list[Row]] = {}
             for r in range(rounds):
-                for name, run in (
-                    ("no tracing (baseline)", lambda p: baseline_run(p, calls)),
-                    ("bytes moved, no tracing", lambda p: transfer_run(sink.port, p, calls, tmp)),
-                    ("looptrace (offload)", lambda p: looptrace_run(sink.url, p, calls, True)),
-                    ("looptrace (inline only)", lambda p: looptrace_run(sink.url, p, calls, False)),
-                    ("OpenTelemetry SDK", lambda p: otel_run(sink.url, p, calls)),
-                ):
-                    before = sink.count()
+                for name, run, row_sink in runs:
+                    before = row_sink.count()
                     STALLS.clear()
                     steal, waited, cpu = _steal_ms(), _waited_ms(), time.process_time()
                     lags, per_call = run(payload)
                     steal, waited = _steal_ms() - steal, _waited_ms() - waited
                     cpu = (time.process_time() - cpu) * 1e3
                     expected = 0 if name.startswith("no tracing") else calls
-                    delivered = sink.wait_for(before + expected, timeout=60) - before
+                    delivered = row_sink.wait_for(before + expected, timeout=60) - before
                     row = Row(lags, per_call, delivered, steal, waited, cpu)
                     rows.setdefault(name, []).append(row)
                     print(row.line(f"{name} #{r + 1}", calls), flush=True)
@@ -556,6 +696,8 @@ def scenario(calls: int, rounds: int) -> None:
                     )
     finally:
         sink.close()
+        if ls_sink is not None:
+            ls_sink.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -624,6 +766,7 @@ def old_against_new(old_src: str, calls: int, rounds: int, only: str | None = No
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sink", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--langsmith-sink", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--send", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--skip-threshold", action="store_true")
@@ -632,7 +775,9 @@ def main() -> None:
     parser.add_argument(
         "--old", metavar="SRC", help="compare the offload row with the looptrace in SRC"
     )
-    parser.add_argument("--only", choices=["string", "structure"], help="one payload kind")
+    parser.add_argument(
+        "--only", choices=["string", "structure"], help="one payload kind (part 2 and --old)"
+    )
     args = parser.parse_args()
     if args.row:
         one_row(*args.row, args.calls)
@@ -643,6 +788,9 @@ def main() -> None:
     if args.sink:
         sink_main()
         return
+    if args.langsmith_sink:
+        langsmith_sink_main()
+        return
     if args.send:
         port, path, calls = args.send
         sender_main(int(port), path, int(calls))
@@ -650,7 +798,7 @@ def main() -> None:
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     if not args.skip_threshold:
         threshold_table()
-    scenario(args.calls, args.rounds)
+    scenario(args.calls, args.rounds, args.only)
 
 
 if __name__ == "__main__":

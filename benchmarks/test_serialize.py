@@ -74,20 +74,133 @@ def chat_payload() -> dict[str, Any]:
     return {"model": "gpt-4o", "max_tokens": 512, "temperature": 0.2, "messages": messages}
 
 
-@pytest.mark.parametrize(
-    ("name", "make"),
-    [
-        ("chat_6KB", chat_payload),
-        ("string_64KB", lambda: string_payload(64_000)),
-        ("structure_165KB", lambda: structure_payload(165_000)),
-    ],
-)
+def documents_payload(size: int) -> dict[str, Any]:
+    """Retrieved documents: long English text (it mentions tokens, sessions and API keys) under
+    a few keys, and a little metadata."""
+    text = (
+        "The session token is sent with every API call; rotate the api key and the password "
+        "when a secret may have leaked, and keep cookies out of logs. "
+    ) * 8
+    docs: list[dict[str, Any]] = []
+    total = 0
+    while total < size:
+        doc = {
+            "page_content": text,
+            "metadata": {"source": f"docs/page-{len(docs)}.md", "page": len(docs), "score": 0.5},
+        }
+        docs.append(doc)
+        total += len(text) + 80
+    return {"query": "how do I rotate credentials?", "documents": docs}
+
+
+def tools_payload() -> dict[str, Any]:
+    """An agent's request: messages with tool calls (their arguments are JSON carried as text)
+    and the tool schemas it offers."""
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": f"tool_{i}",
+                "description": "Look something up in the knowledge base and return the rows.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "query": {"type": "string", "description": "what to look for"},
+                        "limit": {"type": "integer", "minimum": 1, "maximum": 50},
+                    },
+                    "required": ["query"],
+                },
+            },
+        }
+        for i in range(40)
+    ]
+    messages: list[dict[str, Any]] = []
+    for i in range(40):
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{i}",
+                        "type": "function",
+                        "function": {"name": f"tool_{i}", "arguments": '{"query":"x","limit":5}'},
+                    }
+                ],
+            }
+        )
+        messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": "row " * 40})
+    return {"model": "gpt-4o", "max_tokens": 1024, "messages": messages, "tools": tools}
+
+
+def ids_payload(n: int) -> dict[str, Any]:
+    """Ids as keys: thousands of keys, none repeating (the scan's worst case)."""
+    return {f"user-{i:06d}": {"n": i, "active": True} for i in range(n)}
+
+
+SCAN_PAYLOADS = [
+    ("chat_6KB", chat_payload),
+    ("string_64KB", lambda: string_payload(64_000)),
+    ("structure_165KB", lambda: structure_payload(165_000)),
+    ("documents_165KB", lambda: documents_payload(165_000)),
+    ("tools_40KB", tools_payload),
+    ("ids_as_keys_150KB", lambda: ids_payload(5_000)),
+]
+
+
+@pytest.mark.parametrize(("name", "make"), SCAN_PAYLOADS)
 def test_secret_key_scan(benchmark: Any, name: str, make: Any) -> None:
     """The check for a secret key in a value's JSON, run whenever the planning walk could not
-    rule one out (a value beyond its node budget, or changed by a hook)."""
+    rule one out (a value beyond its node budget, or changed by a hook): the policy has seen
+    values of this shape before (the steady state of a traced application)."""
     import orjson
 
     out = orjson.dumps(make())
     pol = _serialize.policy(CFG)
     assert not pol.maybe_secret(out)  # none of them holds a secret key
     benchmark(pol.maybe_secret, out)
+
+
+@pytest.mark.parametrize(("name", "make"), SCAN_PAYLOADS)
+def test_secret_key_scan_first_sight(benchmark: Any, name: str, make: Any) -> None:
+    """The same check by a policy that has never seen a value (the first span of a shape, or
+    a process that just started; ``re``'s cache of compiled patterns is emptied too)."""
+    import re
+
+    import orjson
+
+    out = orjson.dumps(make())
+
+    def fresh_policy() -> tuple[tuple[Any, bytes], dict[str, Any]]:
+        re.purge()
+        pol = _serialize.Policy(CFG.max_value_bytes, CFG.max_depth, CFG.redact, CFG.redact_keys)
+        return (pol, out), {}
+
+    result = benchmark.pedantic(
+        lambda pol, out: pol.maybe_secret(out), setup=fresh_policy, rounds=200, warmup_rounds=2
+    )
+    assert result is False
+
+
+@pytest.mark.parametrize(
+    ("name", "make"),
+    [
+        ("structure_165KB", lambda: structure_payload(165_000)),
+        ("documents_165KB", lambda: documents_payload(165_000)),
+        ("tools_40KB", tools_payload),
+    ],
+)
+def test_plan_and_encode_large(benchmark: Any, name: str, make: Any) -> None:
+    """What the flusher does per span, as the scenario records it: ``handle(request)`` with
+    the payload as its argument, planned then encoded straight to protobuf."""
+    span = span_with({"request": make()}, "ok")
+    enc = SpanEncoder(CFG)
+    benchmark(lambda: enc.encode(span, enc.plan(span)))
+
+
+def test_orjson_alone_structure(benchmark: Any) -> None:
+    """The floor: one orjson call on the scenario's structure-heavy payload, no options."""
+    import orjson
+
+    payload = {"request": structure_payload(165_000)}
+    benchmark(orjson.dumps, payload)

@@ -418,6 +418,52 @@ def test_property_nested_values_never_raise_and_stay_in_bounds() -> None:
     check()
 
 
+def test_property_fast_options_write_what_the_general_ones_write() -> None:
+    """Hypothesis: the first try (str keys only, nothing to convert) gives byte for byte
+    what one orjson call with every option and the conversion hook gives, and hands any
+    other value to that call; conversions are counted once either way."""
+    # An array orjson declines (not contiguous) and over the cap is described by the
+    # conversion hook, and counted.
+    cfg = CFG.replace(redact=False, max_value_bytes=400)
+    pol = _serialize.policy(cfg)
+    leaves = (
+        st.none()
+        | st.booleans()
+        | st.integers(min_value=-(2**63), max_value=2**63)
+        | st.floats(allow_nan=True, allow_infinity=True)
+        | st.text()
+        | st.datetimes()
+        | st.uuids()
+        | st.binary(max_size=20)
+        | st.sampled_from([Color.RED, Level.HIGH, Weird(), Point(1, [2]), np.arange(400)[::2]])
+    )
+    keys = st.text(max_size=6) | st.integers() | st.booleans() | st.none()
+    values = st.recursive(
+        leaves,
+        lambda children: (
+            st.lists(children, max_size=4) | st.dictionaries(keys, children, max_size=4)
+        ),
+        max_leaves=30,
+    )
+
+    @settings(max_examples=200, deadline=None)
+    @given(values)
+    def check(value: Any) -> None:
+        _serialize.stats.clear()
+        try:
+            expected = orjson.dumps(value, default=pol.default, option=_serialize._common._OPTS)
+        except orjson.JSONEncodeError:
+            return  # the careful path's business
+        if len(expected) > cfg.max_value_bytes:
+            return  # so is a value over the cap
+        once = dict(_serialize.stats)
+        _serialize.stats.clear()
+        assert _serialize._dumps(value, pol) == expected
+        assert dict(_serialize.stats) == once
+
+    check()
+
+
 def test_property_secret_prefilter_never_misses_a_secret_key() -> None:
     """Hypothesis: whenever a key is secret, the cheap scan of orjson's output says so;
     keys that are not secret do not trigger it when only a few keys are present."""
@@ -469,6 +515,163 @@ def test_secret_key_found_in_long_rows_after_near_misses() -> None:
     out = js({"rows": rows[:3], "padding": rows, "auth": {"session_id": "abc"}})
     assert out["auth"]["session_id"] == REDACTED
     assert out["rows"][0]["note"] == "token password api_key"
+
+
+def fresh_policy(cfg: Config = CFG) -> _serialize.Policy:
+    """A policy that has learned no keys yet (``policy(cfg)`` is shared by the whole run)."""
+    return _serialize.Policy(cfg.max_value_bytes, cfg.max_depth, cfg.redact, cfg.redact_keys)
+
+
+def records(n: int) -> list[dict[str, Any]]:
+    """Rows of the shape agent frameworks pass around: many keys, the same few repeated."""
+    return [
+        {"id": i, "name": f"item-{i}", "tags": ["a", "b"], "meta": {"rank": i % 7, "ok": True}}
+        for i in range(n)
+    ]
+
+
+def test_key_scan_reads_keys_back_exactly_when_they_are_escaped() -> None:
+    """Many keys (the key-end scan): keys whose JSON text has escapes are decoded before the
+    rule applies, so a key that only reads as secret once unescaped is found, and one whose
+    escapes merely sit next to a word is not flagged."""
+    rows = records(300)
+    secret_once_decoded = [
+        "api\nkey",  # \n in the JSON text: letters 'n' + 'key' until decoded
+        'api"key',  # an escaped quote between the words
+        "api\\key",  # an escaped backslash
+        "pass\x00word\x01token",  # \u0000 and \u0001: unicode escapes split the words
+        "x\u2028session",  # a separator orjson writes as UTF-8, not escaped
+        "\tAuthorization\r",
+    ]
+    plain_despite_escapes = ["tok\nen", "pass\x00word", 'max"tokens', "\\nkey", "x\\napikey"]
+    pol = fresh_policy()
+    for key in secret_once_decoded:
+        assert pol.is_secret(key), key
+        for shape in ({"rows": rows, "last": {key: 1}}, {key: 1, "rows": rows}):
+            out = orjson.dumps(shape)
+            assert out.count(b'"', 0, 8192) > 256  # the many-keys path
+            assert pol.maybe_secret(out), key
+        assert js({"rows": rows[:2], "pad": rows, "x": {key: "v"}})["x"][key] == REDACTED
+    for key in plain_despite_escapes:
+        assert not pol.is_secret(key), key
+        assert not pol.maybe_secret(orjson.dumps({"rows": rows, "last": {key: 1}})), key
+
+
+def test_key_scan_ignores_secret_words_and_key_text_inside_values() -> None:
+    """Values are never keys: words, quoted keys and JSON carried as text (``\":`` inside a
+    string) in values neither trigger the careful walk nor get redacted."""
+    pol = fresh_policy()
+    embedded = orjson.dumps({"password": "x", "api_key": "y"}).decode()
+    rows = [
+        {"id": i, "note": 'the "token": and "password": fields', "raw": embedded, "l": [":", ":x"]}
+        for i in range(400)
+    ]
+    out = orjson.dumps({"rows": rows})
+    assert not pol.maybe_secret(out)
+    assert not pol.maybe_secret(out)  # and again, with the keys learned
+    _serialize.stats.clear()
+    assert js({"rows": rows}) == {"rows": rows}
+    assert _serialize.stats["slow_paths"] == 0
+    assert _serialize.stats["redactions"] == 0
+
+
+def test_key_scan_finds_nested_secrets_after_learning_the_shape() -> None:
+    """Once the rows' keys are known (skipped in C), a secret key anywhere is still found:
+    deep inside one row, as the first or the last key, or in a row of another shape."""
+    pol = fresh_policy()
+    rows = records(2000)
+    out = orjson.dumps({"rows": rows})
+    for _ in range(3):
+        assert not pol.maybe_secret(out)
+    for where in (0, 999, 1999):
+        changed = [dict(r) for r in rows]
+        changed[where]["meta"] = {"rank": 1, "ok": True, "auth": {"sessionId": "s"}}
+        assert pol.maybe_secret(orjson.dumps({"rows": changed}))
+        masked = js({"rows": changed})
+        assert masked["rows"][where]["meta"]["auth"]["sessionId"] == REDACTED
+        assert masked["rows"][where - 1]["meta"] == rows[where - 1]["meta"]
+    assert pol.maybe_secret(orjson.dumps({"password": 1, "rows": rows}))
+    assert pol.maybe_secret(orjson.dumps({"rows": rows, "Cookie": 1}))
+    assert pol.maybe_secret(orjson.dumps([{"id": 1, "ok": True, "secret": 2}, *rows]))
+
+
+def test_known_keys_never_hide_a_secret_key_that_ends_like_them() -> None:
+    """A learned key's text can end a longer key (after an escaped quote) or follow a
+    string ending in '{' or ','; the scan only skips it where it is the whole key."""
+    pol = fresh_policy()
+    rows = [{"name": i, "x": i, ",": i, "": i, "{": i} for i in range(500)]
+    out = orjson.dumps({"rows": rows})
+    for _ in range(3):
+        assert not pol.maybe_secret(out)
+    for key in ['password"name', 'token",name', 'secret{"name', 'api_key",', 'cookie"', "session{"]:
+        assert pol.is_secret(key)
+        assert pol.maybe_secret(orjson.dumps({"rows": rows, "last": {key: 1}})), key
+        assert pol.maybe_secret(orjson.dumps([{key: 1}, *rows])), key
+
+
+def test_key_scan_on_very_large_dicts() -> None:
+    """50,000 distinct keys (ids as keys, none repeating) and a wide dict of records: the
+    secret key is found first, in the middle and last; without it nothing is flagged."""
+    pol = fresh_policy()
+    wide = {f"user-{i}": {"n": i} for i in range(50_000)}
+    assert not pol.maybe_secret(orjson.dumps(wide))
+    for where in (0, 25_000, 49_999):
+        keys = list(wide)
+        changed = {(k if i != where else f"token-{i}"): v for i, (k, v) in enumerate(wide.items())}
+        assert pol.maybe_secret(orjson.dumps(changed)), where
+        assert keys[where] in wide
+    assert pol.maybe_secret(orjson.dumps({**wide, "deep": {"a": [{"b": {"PRIVATE_KEY": 1}}]}}))
+    big = {f"k{i}": records(3) for i in range(5000)}
+    assert not pol.maybe_secret(orjson.dumps(big))
+    big["k2500"] = [{"apiKey": 1}]
+    out = js(big)
+    assert out["k2500"] == [{"apiKey": REDACTED}]
+    assert out["k2499"] == records(3)
+
+
+def test_key_scan_failing_falls_back_to_the_word_scan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pattern sre refuses is not learned, and a key scan that fails leaves the decision to
+    the word scan: secret keys are still found, plain output still passes."""
+    from looptrace._serialize import keys
+
+    def refuse(known: list[bytes]) -> Any:
+        raise RecursionError("too deep")
+
+    pol = fresh_policy()
+    rows = records(500)
+    monkeypatch.setattr(keys, "_compile", refuse)
+    for _ in range(3):
+        assert not pol.maybe_secret(orjson.dumps({"rows": rows}))
+    assert pol._key_ends.known == {}
+    assert pol.maybe_secret(orjson.dumps({"rows": rows, "x": {"api-key": 1}}))
+
+    def broken(self: Any, out: bytes, secret: Any) -> bool | None:
+        raise MemoryError
+
+    monkeypatch.setattr(keys.KeyEnds, "find_secret", broken)
+    assert pol.maybe_secret(orjson.dumps({"rows": rows, "x": {"api-key": 1}}))
+    assert not pol.maybe_secret(orjson.dumps({"rows": rows}))
+
+
+def test_property_key_scan_is_exact_on_many_keys() -> None:
+    """Hypothesis: with many keys (the key-end scan) and a policy that keeps learning across
+    examples, a key is flagged exactly when the rule calls it secret, wherever it sits."""
+    pol = fresh_policy()
+    alphabet = st.sampled_from(
+        [*list('aAkKeEyYnN_- .\n"\\{},:é0\x00'), "token", "Token", "api", "Key", "name", "id"]
+    )
+    keys = st.lists(alphabet, max_size=8).map("".join)
+    rows = records(200)
+
+    @settings(max_examples=300, deadline=None)
+    @given(keys, keys, st.integers(min_value=0, max_value=199))
+    def check(key: str, other: str, where: int) -> None:
+        changed = [dict(r) for r in rows]
+        changed[where] = {**changed[where], other: {key: [key]}}
+        out = orjson.dumps({"rows": changed, key: 1})
+        assert pol.maybe_secret(out) == (pol.is_secret(key) or pol.is_secret(other))
+
+    check()
 
 
 # ----------------------------------------------------------------------------- limits

@@ -12,9 +12,10 @@ the careful path walks the value once, converting, redacting and cutting as it g
 dumps the result. A value that defeats both becomes a placeholder naming its type, and
 ``stats["placeholders"]`` counts it. See docs/serialization.md for every rule.
 
-The parts: ``policy`` (secret keys and the scan for them), ``convert`` (types orjson does not
-know), ``walk`` (the fast and the careful path for one value), ``spans`` (a span's attributes,
-payloads, events and links) and ``sizing`` (the buffer's estimate).
+The parts: ``policy`` (secret keys and the scan for them), ``keys`` (the scan that finds the
+keys of long output from their ends and skips those it has learned), ``convert`` (types orjson
+does not know), ``walk`` (the fast and the careful path for one value), ``spans`` (a span's
+attributes, payloads, events and links) and ``sizing`` (the buffer's estimate).
 """
 
 from __future__ import annotations

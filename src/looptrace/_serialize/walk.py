@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ._common import _INT64_MIN, _OPTS, _UINT64_MAX, REDACTED, TRUNCATED_KEY, stats
+from ._common import (
+    _INT64_MIN,
+    _OPTS,
+    _STR_KEY_OPTS,
+    _UINT64_MAX,
+    REDACTED,
+    TRUNCATED_KEY,
+    stats,
+)
 from .convert import _bounded_repr, _convert, _cut_str, _type_name, placeholder
 from .policy import Policy, policy
 
@@ -166,14 +174,28 @@ def _big_int(v: int) -> str:
 # --------------------------------------------------------------------------- values
 
 
+def _native(obj: Any) -> Any:
+    # The first try writes only what orjson knows: a conversion (which may count in
+    # ``stats``) waits for the second, so it runs once.
+    raise TypeError
+
+
 def _dumps(value: Any, pol: Policy, keys_clean: bool = False) -> bytes:
     """JSON bytes for ``value`` under ``pol``; never raises, never exceeds the value cap.
 
     ``keys_clean``: a walk of ``value`` already showed it holds no secret key (see
-    :func:`plan`), so the output is not scanned for one."""
+    :func:`plan`), so the output is not scanned for one (and every key is a str)."""
     out: bytes | None
     try:
-        out = orjson.dumps(value, default=pol.default, option=_OPTS)
+        if keys_clean:
+            out = orjson.dumps(value, default=pol.default, option=_STR_KEY_OPTS)
+        else:
+            # Str keys and nothing to convert, the usual value: the faster options. Another
+            # key or type raises where orjson meets it, and the value is written again.
+            try:
+                out = orjson.dumps(value, default=_native, option=_STR_KEY_OPTS)
+            except Exception:
+                out = orjson.dumps(value, default=pol.default, option=_OPTS)
     except Exception:
         out = None
     if (

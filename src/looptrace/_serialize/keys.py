@@ -1,0 +1,172 @@
+"""The object keys in orjson's output, found from their ends; keys seen before cost one regex
+attempt each.
+
+Every object key orjson writes ends in an unescaped ``":`` and starts right after ``{`` or
+``,`` (compact output, no spaces). Read backwards, each key end is ``:"`` followed by the key
+reversed, so one regex over the reversed bytes can attempt a match at every key end and fail
+at once when the key is one it already knows to be plain: about 30 ns a key, in C, however
+long the values between keys are. Only the other key ends come back to Python, where the key
+is read back and checked exactly (:meth:`~looptrace._serialize.policy.Policy._secret_raw`).
+Structure-heavy payloads repeat a small set of keys (rows, messages, tool schemas), so after
+the first payload of a shape nothing comes back at all.
+
+Why a known key cannot hide another one: the pattern skips a key end only when the text
+before it is ``{"K"`` or ``,"K"`` for a known plain key ``K``. The first of those two quotes
+follows a character that is not a backslash, and the second follows ``K``, whose backslashes
+come in the pairs and escapes it was learned with: neither is escaped, and no unescaped quote
+lies between them. Unescaped quotes alternate, opening and closing strings; so either they
+hold the string ``K`` and the ``:`` makes it a key, or the first closes a string and the
+second opens one (a value starting with ``:``) and no key ends there at all. A key end whose
+quote is escaped (``\\":`` inside a string, such as JSON carried as text) ends no key and
+is skipped too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from ._common import _CACHE_MAX
+
+# The keys the pattern skips, at most: compiling takes about 7 us a key (sre parses the
+# pattern in Python, on the flusher's time), and a trie keeps each attempt's cost flat as the
+# set grows.
+_KNOWN_MAX = 64
+# Longer keys are checked from the per-key cache on every payload instead.
+_KNOWN_KEY_BYTES = 64
+# Key ends one scan may hand back to Python (each ~1 us) without learning from them, before
+# the caller's word scan decides instead: output whose keys never repeat (ids as keys) costs
+# little more than that scan.
+_MISSES_MAX = 32
+# Hits on keys met before that show a repeating shape: the pattern is rebuilt there and then
+# with every key this scan met, so a long list of records pays the Python check for its first
+# records only. One compile per scan at most, so no payload pays for more than one.
+_STALE_REBUILD = 8
+
+# After ``:"`` (reversed): an odd run of backslashes means the quote was escaped.
+_ESCAPED = rb"(?!\\(?:\\\\)*(?!\\))"
+
+
+def _trie(keys: list[bytes]) -> bytes:
+    """An alternation of ``keys`` factored by common prefix (sre tries each branch in turn,
+    with a one-byte check for those that start with a literal)."""
+    groups: dict[bytes, list[bytes]] = {}
+    ends = False
+    for k in keys:
+        if k:
+            groups.setdefault(k[:1], []).append(k[1:])
+        else:
+            ends = True
+    alts = [re.escape(first) + _trie(rest) for first, rest in groups.items()]
+    if ends:
+        alts.append(b"")
+    if len(alts) == 1:
+        return alts[0]
+    return b"(?:" + b"|".join(alts) + b")"
+
+
+def _compile(known: list[bytes]) -> re.Pattern[bytes]:
+    skip = rb"(?!" + _trie([k[::-1] for k in known]) + rb'"[{,])' if known else b""
+    return re.compile(rb':"' + skip + _ESCAPED)
+
+
+def _escaped(out: bytes, q: int) -> bool:
+    """Whether the quote at ``q`` is preceded by an odd number of backslashes."""
+    slashes = 0
+    while q - 1 - slashes >= 0 and out[q - 1 - slashes] == 92:
+        slashes += 1
+    return slashes % 2 == 1
+
+
+def key_ending_at(out: bytes, q: int) -> bytes:
+    """The raw text of the key whose closing quote is at ``q`` (back to the previous
+    unescaped quote; all of the text before ``q`` when there is none)."""
+    s = out.rfind(b'"', 0, q)
+    while s != -1 and _escaped(out, s):
+        s = out.rfind(b'"', 0, s)
+    return out[s + 1 : q]
+
+
+class KeyEnds:
+    """The key ends of one policy's output, with the plain keys it has learned to skip.
+
+    Learning is shared by every thread that serializes under the policy: the pattern only
+    ever names keys checked plain, and it is replaced together with the set of keys it names,
+    so a race can lose a key from both (to be learned again), never admit a secret."""
+
+    __slots__ = ("_seen", "_state")
+
+    def __init__(self) -> None:
+        self._seen: set[bytes] = set()
+        self._state: tuple[dict[bytes, None], re.Pattern[bytes]] = ({}, _compile([]))
+
+    @property
+    def known(self) -> dict[bytes, None]:
+        """The keys the pattern skips."""
+        return self._state[0]
+
+    def find_secret(self, out: bytes, secret: Callable[[bytes], bool]) -> bool | None:
+        """Whether some object key in ``out`` (orjson output) is secret by ``secret`` (which
+        takes a key's raw text); None when too many keys were unknown to tell cheaply.
+
+        A plain key that comes back twice (in this output or an earlier one) is learned:
+        keys that never repeat, such as ids, are never compiled into the pattern."""
+        rev = bytearray(out)
+        rev.reverse()
+        n = len(out)
+        known, pattern = self._state
+        seen = self._seen
+        met: dict[bytes, None] = {}  # plain keys this scan handed back
+        repeated: dict[bytes, None] = {}  # those met in an earlier scan or twice in this one
+        stale = misses = 0
+        rebuilt = False
+        pos = 0
+        while True:
+            m = pattern.search(rev, pos)
+            if m is None:
+                break
+            p = m.start()
+            pos = p + 2
+            raw = key_ending_at(out, n - 2 - p)
+            if secret(raw):
+                self._finish(rebuilt, repeated)
+                return True
+            if len(raw) <= _KNOWN_KEY_BYTES:
+                if raw in met or raw in seen or raw in known:
+                    repeated[raw] = None
+                    if not rebuilt:
+                        stale += 1
+                        if stale >= _STALE_REBUILD:
+                            met.update(repeated)
+                            pattern = self._learn(met)
+                            rebuilt = True
+                        continue
+                else:
+                    met[raw] = None
+                    if len(seen) >= _CACHE_MAX:
+                        seen.clear()
+                    seen.add(raw)
+            misses += 1
+            if misses > _MISSES_MAX:
+                self._finish(rebuilt, repeated)
+                return None
+        self._finish(rebuilt, repeated)
+        return False
+
+    def _finish(self, rebuilt: bool, repeated: dict[bytes, None]) -> None:
+        if not rebuilt:
+            self._learn(repeated)
+
+    def _learn(self, keys: dict[bytes, None]) -> re.Pattern[bytes]:
+        """Add ``keys`` (checked plain) to the pattern, compiling it only if one is new."""
+        known, pattern = self._state
+        added = [k for k in keys if k not in known][: max(_KNOWN_MAX - len(known), 0)]
+        if added:
+            grown = {**known, **dict.fromkeys(added)}
+            try:
+                pattern = _compile(list(grown))
+            except Exception:
+                # Whatever sre refuses is simply not skipped: it keeps coming back to Python.
+                return pattern
+            self._state = (grown, pattern)
+        return pattern
