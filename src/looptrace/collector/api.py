@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from .._store import Store, StoreError
+from ._internals import Store, StoreError
 from .receiver import receive_traces
 
 

@@ -23,8 +23,7 @@ import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
-from .._net import is_loopback
-from .._store import Store
+from ._internals import Store, is_loopback
 from .api import api_routes
 from .gate import TokenGate
 from .receiver import Limits
@@ -79,7 +78,7 @@ def create_app(
     and ``/api/...`` (the viewer's pages). With ``token``, every request must carry it.
     """
     if store is None:
-        from .._config import Config
+        from ._internals import Config
 
         cfg = Config.from_env()
         if store_path is not None:

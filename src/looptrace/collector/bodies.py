@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import zlib
 
-from .._otlp import compression as _compression
+from ._internals import compression as _compression
 
 __all__ = ["DEFAULT_MAX_DECOMPRESSED", "DecodeError", "TooManySpans", "decompress"]
 

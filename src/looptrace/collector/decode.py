@@ -40,8 +40,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from .._otlp import JSON_CONTENT_TYPE, PROTOBUF_CONTENT_TYPE
-from .._wire import DecodedSpan
+from ._internals import JSON_CONTENT_TYPE, PROTOBUF_CONTENT_TYPE, DecodedSpan
 from .bodies import DEFAULT_MAX_DECOMPRESSED, DecodeError, TooManySpans, decompress
 
 __all__ = ["DecodeError", "TooManySpans", "decode_request"]

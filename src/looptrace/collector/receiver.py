@@ -20,14 +20,13 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .. import _otlp
-from .._store import Store, StoreError
+from ._internals import JSON_CONTENT_TYPE, PROTOBUF_CONTENT_TYPE, Store, StoreError
 from .decode import DecodeError, TooManySpans, decode_request
 
 _MEDIA_TYPES = {
-    _otlp.PROTOBUF_CONTENT_TYPE: "protobuf",
+    PROTOBUF_CONTENT_TYPE: "protobuf",
     "application/protobuf": "protobuf",
-    _otlp.JSON_CONTENT_TYPE: "json",
+    JSON_CONTENT_TYPE: "json",
 }
 
 
@@ -40,12 +39,12 @@ def _otlp_response(encoding: str, status: int, message: str = "") -> Response:
             if status == 200
             else orjson.dumps({"code": _rpc_code(status), "message": message})
         )
-        return Response(body, status_code=status, media_type=_otlp.JSON_CONTENT_TYPE)
+        return Response(body, status_code=status, media_type=JSON_CONTENT_TYPE)
     if status == 200:
-        return Response(b"", status_code=200, media_type=_otlp.PROTOBUF_CONTENT_TYPE)
+        return Response(b"", status_code=200, media_type=PROTOBUF_CONTENT_TYPE)
     text = message.encode()
     body = b"\x08" + _varint(_rpc_code(status)) + b"\x12" + _varint(len(text)) + text
-    return Response(body, status_code=status, media_type=_otlp.PROTOBUF_CONTENT_TYPE)
+    return Response(body, status_code=status, media_type=PROTOBUF_CONTENT_TYPE)
 
 
 def _rpc_code(status: int) -> int:

@@ -23,15 +23,13 @@ import time
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from .. import _clock
-from .._capture.context import CURRENT
-from .._errors import internal_error
 from . import _hook
 from ._hook import _patch, _release_watch, _watches
+from ._internals import CURRENT, _clock, internal_error
 from ._registry import _forget_loop, _lock
 
 if TYPE_CHECKING:
-    from .._capture.spans import Span
+    from ._internals import Span
     from ._monitor import LagMonitor
 
 logger = logging.getLogger("looptrace.monitor")
@@ -227,7 +225,7 @@ class _Watch:
 
 
 def _append_event(span: Span, culprit: Culprit, elapsed: float) -> None:
-    from .._capture.spans import Event
+    from ._internals import Event
 
     event = Event(STALL_EVENT, _stall_start_ns(elapsed, span), _event_attributes(culprit))
     if span.events is None:

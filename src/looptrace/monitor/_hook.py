@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .._errors import internal_error
+from ._internals import internal_error
 
 if TYPE_CHECKING:
     from ._culprits import _Watch

@@ -16,12 +16,12 @@ import threading
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-# The pipeline, for its wiring too: the summary spans need its sink even in a program that
-# traces nothing else.
-from .. import _clock, _export, _state
-from .._errors import internal_error
 from ._culprits import Culprit, _join_watch, _leave_watch, _Watch
 from ._histogram import LagSnapshot, _bucket, _Histogram
+
+# The pipeline, for its wiring too: the summary spans need its sink even in a program that
+# traces nothing else.
+from ._internals import _clock, _export, _state, internal_error
 from ._registry import (
     _active,
     _active_get,
@@ -36,7 +36,7 @@ from ._span_lag import _push_tick, _span_end
 from ._summary import _emit_summary, _finish_window
 
 if TYPE_CHECKING:
-    from .._config import Config
+    from ._internals import Config
 
 _MAX_CULPRITS = 100
 

@@ -11,13 +11,12 @@ from __future__ import annotations
 import bisect
 from typing import TYPE_CHECKING
 
-from .. import _clock
-from .._semconv import LOOP_LAG_MAX_MS
 from ._hook import _watch_get, _watches
+from ._internals import LOOP_LAG_MAX_MS, _clock
 from ._registry import _by_thread_get, _get_ident
 
 if TYPE_CHECKING:
-    from .._capture.spans import Span
+    from ._internals import Span
     from ._monitor import LagMonitor
 
 _bisect_left = bisect.bisect_left

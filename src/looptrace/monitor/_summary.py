@@ -12,8 +12,7 @@ import contextvars
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from .. import _state
-from .._errors import internal_error
+from ._internals import _state, internal_error
 from ._registry import _lock, _running
 
 if TYPE_CHECKING:
@@ -49,7 +48,7 @@ def _emit_summary(monitor: LagMonitor) -> None:
     monitor.reset()
     if not snap.count or _state.disabled:
         return
-    from .._capture.start import start_span
+    from ._internals import start_span
 
     attributes: dict[str, Any] = {
         SUMMARY_PREFIX + field.name: getattr(snap, field.name) for field in dataclasses.fields(snap)
