@@ -152,3 +152,20 @@ async def test_both_processes_go_through_the_proxy_from_the_environment(
     assert (await looptrace.flush(timeout=30)).ok
     assert proxy.targets == [endpoint, endpoint]
     assert looptrace.statistics().offload.offloaded == 1
+
+
+def test_plain_http_to_this_machine_loads_no_ca_bundle() -> None:
+    """Plain HTTP to a loopback address never negotiates TLS (no proxy applies there), so the
+    client is built without loading a CA bundle; HTTPS, or plain HTTP to another machine
+    (whose proxy may speak TLS), gets the verifying context."""
+    from looptrace._net import HttpSettings
+
+    def verify(url: str) -> object:
+        return HttpSettings.from_config(looptrace.Config.from_env(endpoint=url)).verify()
+
+    assert verify("http://127.0.0.1:4318/v1/traces") is False
+    assert verify("http://localhost:4318/v1/traces") is False
+    for url in ("https://127.0.0.1:4318/v1/traces", "http://collector.example:4318/v1/traces"):
+        context = verify(url)
+        assert isinstance(context, ssl.SSLContext)
+        assert context.verify_mode == ssl.CERT_REQUIRED

@@ -18,7 +18,7 @@ from looptrace import _export, _otlp, _serialize
 from looptrace._capture.spans import Span
 from looptrace._config import Config
 from looptrace._net import HttpSettings
-from looptrace._offload.parent import Destination, Offloader
+from looptrace._offload.parent import Destination, Offloader, SendHere, Unsent
 from looptrace._transport import Response, RetryPolicy
 from otlp_server import OtlpTestServer
 from pipeline_support import checked_server, install_pipeline
@@ -145,7 +145,7 @@ async def test_no_answer_is_an_error_string(offloader: Offloader) -> None:
     with OtlpTestServer() as srv:
         dest = destination(srv)
     outcome = await offloader.deliver(offloader.job(big_span(), CFG, "protobuf", 0), dest)
-    assert isinstance(outcome, str) and "Connect" in outcome
+    assert isinstance(outcome, Unsent) and "Connect" in outcome.error
 
 
 def test_destination_repr_hides_headers(server: OtlpTestServer) -> None:
@@ -212,7 +212,7 @@ async def test_a_reset_connection_is_reported_and_the_next_span_still_goes(
     server.reset_next(1)
     job = offloader.job(big_span(), CFG, "protobuf", 0)
     outcome = await offloader.deliver(job, destination(server))
-    assert isinstance(outcome, str) and "Connection" in outcome
+    assert isinstance(outcome, Unsent) and "Connection" in outcome.error
     outcome = await offloader.deliver(job, destination(server))
     assert isinstance(outcome, Response) and outcome.status == 200
     assert server.statuses() == [0, 200]
@@ -270,7 +270,7 @@ async def test_worker_killed_mid_send_gives_the_span_back_to_the_parent(
         kill(off.worker_pids()[0])
         outcome = await task
         server.release()
-        assert outcome == _otlp.encode_span(_serialize.to_wire(span, CFG), "protobuf")
+        assert outcome == SendHere(_otlp.encode_span(_serialize.to_wire(span, CFG), "protobuf"))
         assert off.stats["broken_pool"] == 1
         outcome = await off.deliver(off.job(big_span(3), CFG, "protobuf", 0), destination(server))
         assert isinstance(outcome, Response) and outcome.status == 200
@@ -296,7 +296,7 @@ async def test_shutdown_from_another_thread_gives_the_span_back(server: OtlpTest
         assert await asyncio.to_thread(server.wait_for_active, 1)
         await asyncio.to_thread(off.shutdown, True)
         outcome = await asyncio.wait_for(task, 30)
-        assert outcome == _otlp.encode_span(_serialize.to_wire(span, CFG), "protobuf")
+        assert outcome == SendHere(_otlp.encode_span(_serialize.to_wire(span, CFG), "protobuf"))
         assert off.stats["shutdown"] == 1
         assert off.worker_pids() == [] and off.workers_alive() == 0
         assert process.poll() is not None  # exited, and reaped
@@ -348,7 +348,7 @@ async def test_value_the_worker_cannot_rebuild_comes_back_encoded(
     span.output = {"obj": OnlyInParent()}
     before = offloader.stats["worker_error"]
     outcome = await offloader.deliver(offloader.job(span, CFG, "protobuf", 0), destination(server))
-    assert outcome == _otlp.encode_span(_serialize.to_wire(span, CFG), "protobuf")
+    assert outcome == SendHere(_otlp.encode_span(_serialize.to_wire(span, CFG), "protobuf"))
     assert offloader.stats["worker_error"] == before + 1
     assert server.request_count == 0
 

@@ -82,6 +82,16 @@ class HttpSettings:
     def loopback(self) -> bool:
         return is_loopback(urllib.parse.urlsplit(self.url).hostname or "")
 
+    def verify(self) -> ssl.SSLContext | bool:
+        """What the HTTP client verifies TLS with: nothing for plain HTTP to this machine (no
+        proxy applies there, so no TLS is ever negotiated, and loading a CA bundle would cost
+        the first flush 35-150 ms of CPU, in a thread that holds the GIL against the
+        application's loop); the shared context otherwise."""
+        plain = urllib.parse.urlsplit(self.url).scheme == "http"
+        if plain and self.loopback and self.client_certificate is None:
+            return False
+        return self.ssl_context()
+
     def ssl_context(self) -> ssl.SSLContext:
         """The TLS context for these settings, built once per process (loading a CA bundle
         costs 35-150 ms of CPU, and a program that runs many event loops needs a client per
@@ -120,7 +130,7 @@ class HttpSettings:
         """The application's client (one per event loop)."""
         import httpx
 
-        return httpx.AsyncClient(verify=self.ssl_context(), **self._client_options())
+        return httpx.AsyncClient(verify=self.verify(), **self._client_options())
 
     def sync_client(self) -> httpx.Client:
         """A worker's client: the same options, and on loopback a small send buffer."""
@@ -131,14 +141,14 @@ class HttpSettings:
             # A transport of our own for the socket options; without a proxy (trust_env is
             # off for loopback), nothing else differs from the default one.
             options["transport"] = httpx.HTTPTransport(
-                verify=self.ssl_context(),
+                verify=self.verify(),
                 limits=options.pop("limits"),
                 socket_options=[
                     (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),
                     (socket.SOL_SOCKET, socket.SO_SNDBUF, LOOPBACK_SNDBUF),
                 ],
             )
-        return httpx.Client(verify=self.ssl_context(), **options)
+        return httpx.Client(verify=self.verify(), **options)
 
 
 _ssl_lock = threading.Lock()

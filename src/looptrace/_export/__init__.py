@@ -156,6 +156,17 @@ def _prepare(cfg: Config) -> None:
     _serialize.policy(cfg)  # compiles the redaction patterns, 3-4 ms
     if cfg.offload:
         from .._offload import parent  # noqa: F401
+    if cfg.endpoint is not None:
+        # httpx imports its connection pool and async backend when the first client is built,
+        # and an HTTPS endpoint needs its CA bundle loaded: together 100-250 ms of Python,
+        # which in the flusher's thread would hold the GIL against the loop in 5 ms turns.
+        import anyio._backends._asyncio
+        import anyio.streams.tls  # noqa: F401
+        import httpcore  # noqa: F401
+
+        from .._net import HttpSettings
+
+        HttpSettings.from_config(cfg).verify()
 
 
 _prepared = False

@@ -219,10 +219,10 @@ class _Session:
 
         delivered = await offloader.deliver(job, destination)
         if isinstance(delivered, Unsent):
-            return Outcome(Verdict.RETRY, str(delivered))
+            return Outcome(Verdict.RETRY, delivered.error)
         if isinstance(delivered, Response):
             return outcome_of(delivered)
-        return delivered
+        return delivered.chunk
 
     async def aclose(self) -> None:
         transport, self._transport = self._transport, None

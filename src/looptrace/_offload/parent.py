@@ -25,6 +25,7 @@ subprocesses at all (``unavailable``), after :meth:`Offloader.shutdown` (``shutd
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import os
 import pickle
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from .._capture.spans import Span
     from .._config import Config
 
-__all__ = ["FALLBACKS", "Destination", "Job", "Offloader"]
+__all__ = ["FALLBACKS", "Destination", "Job", "Offloader", "SendHere", "Unsent"]
 
 FALLBACKS = (
     "unpicklable",
@@ -81,11 +82,23 @@ class PoolState(str, enum.Enum):
 STARTABLE = frozenset((PoolState.UNSTARTED, PoolState.BROKEN))
 
 
-class Unsent(str):
-    """What :meth:`Offloader.deliver` answers when no answer came from the backend: the error,
-    as text (the caller retries it as any unanswered request)."""
+@dataclasses.dataclass(frozen=True)
+class Unsent:
+    """What :meth:`Offloader.deliver` answers when no answer came from the backend (the caller
+    retries it as any unanswered request)."""
 
-    __slots__ = ()
+    error: str
+
+    def __str__(self) -> str:
+        return self.error
+
+
+@dataclasses.dataclass(frozen=True)
+class SendHere:
+    """What :meth:`Offloader.deliver` answers when no worker could take the span: the span,
+    encoded here, for the caller to send itself (the reason is counted)."""
+
+    chunk: bytes
 
 
 class Job:
@@ -228,17 +241,19 @@ class Offloader:
         """Prepare ``span`` for :meth:`deliver`: the user's hooks run here, once."""
         return Job(_serialize.prepare(span, cfg), encoding, nbytes)
 
-    async def deliver(self, job: Job, dest: Destination) -> Response | Unsent | bytes:
+    async def deliver(self, job: Job, dest: Destination) -> Response | Unsent | SendHere:
         """Have a worker send ``job`` to ``dest`` as a request of its own.
 
         Returns the backend's ``Response``; :class:`Unsent` naming the error when no answer
-        came (retry as for any request); or the encoded span (``bytes``) when no worker could
-        take it, for the caller to send itself (the reason is counted)."""
+        came (retry as for any request); or :class:`SendHere` with the encoded span when no worker
+        could take it."""
         if self._state is not PoolState.RUNNING:
             await self._ensure_pool()
         pool = self._pool if self._state is PoolState.RUNNING else None
         if pool is None:
-            return self._finish_inline(*job.prepared, job.encoding, self._fallback_reason())
+            return SendHere(
+                self._finish_inline(*job.prepared, job.encoding, self._fallback_reason())
+            )
         wire, inputs, output, pol, max_span = job.prepared
         lifter = _Lifter()
         inputs = (inputs[0], lifter.lift(inputs[1]))
@@ -247,7 +262,9 @@ class Offloader:
         try:
             future = pool.submit("deliver", args, lifter.values)
         except Exception as exc:
-            return self._finish_inline(*job.prepared, job.encoding, self._unsent(pool, exc))
+            return SendHere(
+                self._finish_inline(*job.prepared, job.encoding, self._unsent(pool, exc))
+            )
         try:
             # The worker's request has the export timeout as its deadline; a worker that has
             # not answered well past it is stuck (in a system call the deadline cannot reach)
@@ -257,13 +274,17 @@ class Offloader:
             )
         except asyncio.TimeoutError:
             pool.abandon()
-            return self._finish_inline(
-                *job.prepared, job.encoding, self._refused(pool, _workers.WorkerGone("broken"))
+            return SendHere(
+                self._finish_inline(
+                    *job.prepared, job.encoding, self._refused(pool, _workers.WorkerGone("broken"))
+                )
             )
         except Exception as exc:
-            return self._finish_inline(*job.prepared, job.encoding, self._refused(pool, exc))
+            return SendHere(
+                self._finish_inline(*job.prepared, job.encoding, self._refused(pool, exc))
+            )
         if kind == "error":
-            return self._finish_inline(*job.prepared, job.encoding, "worker_error")
+            return SendHere(self._finish_inline(*job.prepared, job.encoding, "worker_error"))
         if not job.counted:
             job.counted = True
             self.stats["offloaded"] += 1
