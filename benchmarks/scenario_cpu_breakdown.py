@@ -25,8 +25,8 @@ import looptrace
 from looptrace import _export, _otlp, _serialize, _state
 from looptrace._capture.spans import Span
 from looptrace._encode import SpanEncoder
-from looptrace._export.exporter import SENT, Outcome, encode_each
-from looptrace._export.stats import OffloadStatistics
+from looptrace._export.exporter import SENT, Outcome
+from looptrace._export.memory import InMemoryExporter
 from looptrace._transport import InMemoryTransport
 
 N = 20_000
@@ -77,7 +77,7 @@ class _Keep(_Drop):
         self.spans.append(span)
 
 
-class _FreeExporter:
+class _FreeExporter(InMemoryExporter):
     """Chunks that cost nothing to make or to send: the pipeline's own cost is what is left."""
 
     def loaded_cheaply(self) -> bool:
@@ -89,29 +89,11 @@ class _FreeExporter:
     def estimate(self, span: Span) -> int:
         return len(CHUNK)
 
-    async def encode(self, spans: Sequence[Span]) -> list[Sized | None]:
-        return await encode_each(spans, self.encode_open)
-
     def encode_open(self, span: Span) -> Sized:
         return CHUNK
 
-    def alone(self, chunk: Sized) -> bool:
-        return False
-
-    def session(self) -> _FreeExporter:
-        return self
-
     async def export(self, chunks: Sequence[Sized]) -> Outcome:
         return SENT
-
-    async def aclose(self) -> None:
-        pass
-
-    def offload_statistics(self) -> OffloadStatistics:
-        return OffloadStatistics()
-
-    def shutdown(self) -> None:
-        pass
 
 
 def best_us(run: Callable[[], Any]) -> float:
@@ -132,7 +114,7 @@ def main() -> None:
     _state.sink = _Drop()
     rows.append(("capture alone", best_us(lambda: asyncio.run(produce())) - base))
 
-    free = _export.Pipeline(cfg, exporter=_FreeExporter())  # type: ignore[arg-type]
+    free = _export.Pipeline(cfg, exporter=_FreeExporter(cfg))
     _export.install(free)
     asyncio.run(produce_and_flush())
     flusher = best_us(lambda: asyncio.run(produce_and_flush())) - base - rows[0][1]
