@@ -4,7 +4,8 @@
       -> WireSpan    (``_serialize.to_wire``: attributes are OTLP-ready primitives / JSON strings)
       -> bytes       (``_otlp.encode_span``: one encoded OTLP ``Span`` message or JSON object)
       -> request     (``_otlp.encode_request``: spans grouped under resource and scope, compressed)
-    request body -> DecodedSpan (``_otlp.decode_request``: what the collector and store read)
+    request body -> DecodedSpan (``collector.decode.decode_request``: what the store keeps)
+    WireSpan -> DecodedSpan     (``_export.store.decoded``: the local store, no bytes between)
 
 Encoding each span once lets the batcher count exact bytes and split a batch without
 re-serializing anything.
