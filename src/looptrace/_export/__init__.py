@@ -61,15 +61,6 @@ def _wire_lag_monitor(cfg: Config) -> None:
         _state.remove_hooks(start=_start_lag_monitor)
 
 
-def _monitor_on_loop(cfg: Config, loop: asyncio.AbstractEventLoop) -> None:
-    """LOOPTRACE_LAG_MONITOR: every loop that traces gets a monitor, started where the flusher
-    starts, because that is the first moment looptrace runs on that loop."""
-    if cfg.lag_monitor:
-        from ..monitor import ensure_from_config
-
-        ensure_from_config(cfg)
-
-
 def _monitor_loop_ends(cfg: Config, loop: asyncio.AbstractEventLoop) -> None:
     """The monitor's last summary window of a loop going away, which the private thread sends."""
     monitor = sys.modules.get("looptrace.monitor")
@@ -381,7 +372,6 @@ __all__ = [
 if isinstance(_state.sink, _state.NullSink) and not (_state.config and _state.config.disabled):
     _state.sink = STARTS_PIPELINE
 _state.config_listeners.append(_wire_lag_monitor)
-flusher.ON_LOOP.append(_monitor_on_loop)
 flusher.ON_LOOP_END.append(_monitor_loop_ends)
 _state.prepare_ahead = prepare_ahead
 if _state.config is not None:

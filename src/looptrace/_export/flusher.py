@@ -46,10 +46,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("looptrace")
 
 LoopHook = Callable[["Config", asyncio.AbstractEventLoop], None]
-# Run where a flusher starts on an application's loop (the first moment looptrace runs there),
-# and when that loop goes away under it; the wiring puts the lag monitor's start and its last
-# summary window here.
-ON_LOOP: list[LoopHook] = []
+# Run when an application's loop goes away under its flusher; the wiring puts the lag
+# monitor's last summary window here.
 ON_LOOP_END: list[LoopHook] = []
 
 
@@ -163,11 +161,6 @@ class Flusher:
         else:  # pragma: no cover
             home.task = loop.create_task(coro, name="looptrace-flusher")
         self._homes.append(home)
-        for hook in ON_LOOP:
-            try:
-                hook(self.cfg, loop)
-            except Exception as exc:
-                report_internal("pipeline.lag_monitor", exc)
         return home
 
     def _start_thread(self) -> Home:
