@@ -111,6 +111,17 @@ class WireSpan:
         # The instrumentation scope, when not looptrace's own (see _otlp.ScopedChunk).
         self.scope = scope
 
+    def weight(self) -> int:
+        """About what the span takes once written out: its strings and bytes, a few bytes for
+        each other value, and a fixed cost per span and per event or link."""
+        return (
+            _SPAN_BYTES
+            + len(self.name)
+            + _values_bytes(self.attributes)
+            + sum(_ITEM_BYTES + len(e.name) + _values_bytes(e.attributes) for e in self.events)
+            + sum(_ITEM_BYTES + _values_bytes(link.attributes) for link in self.links)
+        )
+
     def __reduce__(self) -> tuple[Any, ...]:
         # Positional, not copyreg's slot-by-slot state: a large span crosses to a worker as a
         # pickle made on the loop, and this halves that pickle's cost.
@@ -135,6 +146,14 @@ class WireSpan:
                 self.scope,
             ),
         )
+
+
+_SPAN_BYTES = 160  # ids, times, kind, status, and the row or message around them
+_ITEM_BYTES = 32
+
+
+def _values_bytes(attributes: Attributes) -> int:
+    return sum(len(v) if isinstance(v, (str, bytes)) else 8 for _, v in attributes)
 
 
 @dataclasses.dataclass

@@ -56,7 +56,8 @@ class InMemoryExporter:
         return await encode_each(spans, self.encode_open)
 
     def encode_open(self, span: Span) -> Sized:
-        return _Wired(self._to_wire(span, self.cfg), self._estimate(span))
+        wire = self._to_wire(span, self.cfg)
+        return _Wired(wire, wire.weight())
 
     def alone(self, chunk: Sized) -> bool:
         return False

@@ -78,7 +78,9 @@ class StoreExporter:
 
     def encode_open(self, span: Span) -> Sized:
         wire = self._to_wire(span, self.cfg)
-        return Row(decoded(wire, self._resource, self._scope), self._estimate(span))
+        # Weighed from the wire shape just made: the estimate made when the span was queued
+        # walked the same values once already.
+        return Row(decoded(wire, self._resource, self._scope), wire.weight())
 
     def alone(self, chunk: Sized) -> bool:
         return False
