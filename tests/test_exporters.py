@@ -259,3 +259,53 @@ async def test_a_retry_past_the_budget_is_dropped_and_counted() -> None:
     result = await looptrace.flush(10)
     assert result.dropped["retries_exhausted"] == 2
     assert exporter.attempts == 1
+
+
+class _Held(InMemoryExporter):
+    """Holds the first encode, or the first export, until the test lets it go on."""
+
+    def __init__(self, cfg: looptrace.Config, hold: str) -> None:
+        super().__init__(cfg)
+        self.hold = hold
+        self.reached = asyncio.Event()
+        self.go_on = asyncio.Event()
+
+    async def _held(self, step: str) -> None:
+        if self.hold == step and not self.go_on.is_set():
+            self.reached.set()
+            await self.go_on.wait()
+
+    async def encode(self, spans: Any) -> Any:
+        await self._held("encode")
+        return await super().encode(spans)
+
+    async def export(self, chunks: Any) -> Outcome:
+        await self._held("export")
+        return await super().export(chunks)
+
+
+@pytest.mark.parametrize("hold", ["encode", "export"])
+async def test_spans_that_end_during_a_drain_gather_into_the_next_batch(hold: str) -> None:
+    """A span that ends while a batch is being encoded, or while its request waits for an
+    answer, waits for the next batch to gather: it is not sent alone straight after, and a
+    healthy answer does not start a drain (each answer starting one would send spans one or
+    two to a request)."""
+    cfg = looptrace.Config.from_env(flush_interval=5.0)
+    exporter = _Held(cfg, hold)
+    _export.install(_export.Pipeline(cfg, retry_policy=FAST_RETRY, exporter=exporter))
+    _spans(1)
+    first = asyncio.ensure_future(looptrace.flush(10))
+    await asyncio.wait_for(exporter.reached.wait(), 10)
+    with looptrace.span("during"):
+        pass
+    exporter.go_on.set()
+    assert (await first).ok
+    for _ in range(20):  # the loop handles the answer, and anything it would start
+        await asyncio.sleep(0)
+    with looptrace.span("after"):
+        pass
+    assert (await looptrace.flush(10)).ok
+    assert [[s.name for s in batch] for batch in exporter.exported] == [
+        ["s0"],
+        ["during", "after"],
+    ]

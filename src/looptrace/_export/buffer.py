@@ -236,14 +236,17 @@ class Buffer:
             self._add_in_flight(batch)
             return batch
 
-    def take(self, max_spans: int, max_bytes: int) -> Batch | None:
+    def take(self, max_spans: int, max_bytes: int, end: int | None = None) -> Batch | None:
         """Up to ``max_spans`` raw spans / ``max_bytes`` estimated bytes, oldest first, now in
-        flight (at least one span when any is pending)."""
+        flight (at least one span when any is pending); with ``end``, only spans whose sequence
+        number is below it."""
         with self._lock:
             q = self._q
-            if not q:
-                return None
             lo = self._out_count
+            if end is not None:
+                max_spans = min(max_spans, end - lo)
+            if not q or max_spans <= 0:
+                return None
             spans: list[Span] = []
             nbytes = 0
             popleft = q.popleft

@@ -300,6 +300,9 @@ class Flusher:
                 await slots.acquire()
                 self._spawn(home, records)
         health = self.health
+        # The spans pending now: those that end while this drain encodes wait for the next
+        # one, so that they gather into a batch rather than trail this one in a request or two.
+        end = self.buffer.flush_target()
         while health.retry_at <= time.monotonic():
             if health.failing and self.buffer.in_flight_batches:
                 # The backend is failing: one request probes it at a time. Its answer wakes
@@ -310,7 +313,7 @@ class Flusher:
             if batch is not None:
                 self._spawn(home, batch)
                 continue
-            batch = self.buffer.take(cfg.max_batch_spans, cfg.max_batch_bytes)
+            batch = self.buffer.take(cfg.max_batch_spans, cfg.max_batch_bytes, end)
             if batch is None:
                 slots.release()
                 return
@@ -380,8 +383,9 @@ class Flusher:
     # ------------------------------------------------------------------ sending
     async def _send(self, home: Home, batch: Batch) -> None:
         assert home.slots is not None
+        wake = True
         try:
-            await self._send_once(home, batch)
+            wake = await self._send_once(home, batch)
         except asyncio.CancelledError:
             self.buffer.returned(batch)
             raise
@@ -390,23 +394,30 @@ class Flusher:
             report_internal("pipeline.send", exc)
         finally:
             home.sending.discard(batch)
-            home.slots.release()
-            if home.event is not None:
-                home.event.set()  # a slot is free, and a shutdown waits for the last answer
+            home.slots.release()  # a drain waiting for a slot goes on by itself
+            if home.event is not None and (wake or self._closing is not None):
+                # A batch came back, or the backend's health changed, or a shutdown waits for
+                # the last answer. A plain success wakes nobody: were it to start a drain, the
+                # spans that ended meanwhile would go out one or two to a request, each
+                # request's answer starting the next drain, and never gather into a batch.
+                home.event.set()
             self._notify()
 
-    async def _send_once(self, home: Home, batch: Batch) -> None:
+    async def _send_once(self, home: Home, batch: Batch) -> bool:
         if home.session is None:
             home.session = self.exporter.session()
-        self._answered(batch, await home.session.export(batch.chunks))
+        return self._answered(batch, await home.session.export(batch.chunks))
 
-    def _answered(self, batch: Batch, outcome: Outcome) -> None:
-        """Apply the retry rules to what became of ``batch``."""
+    def _answered(self, batch: Batch, outcome: Outcome) -> bool:
+        """Apply the retry rules to what became of ``batch``; whether the flusher must look
+        again now (anything but a success while the backend was healthy)."""
         verdict = outcome.verdict
         if verdict is Verdict.SENT:
+            recovered = self.health.failing
             self.health.sent()
             self.buffer.sent(batch)
-        elif verdict is Verdict.RETRY:
+            return recovered
+        if verdict is Verdict.RETRY:
             self._failed(batch, outcome.describe(), outcome.retry_after)
         elif verdict is Verdict.TOO_LARGE and len(batch.chunks) > 1:
             self.health.too_large(outcome)
@@ -417,6 +428,7 @@ class Flusher:
                 self.buffer.returned(part)
         else:
             self._rejected(batch, outcome)
+        return True
 
     def _failed(self, batch: Batch, error: str, retry_after: float | None) -> None:
         if batch.first_failure is None:
