@@ -130,8 +130,11 @@ class Slices:
 
     A slice ends before the next span would take it past the limit, judged by the span just
     done: with spans of 0.6 ms, checking only whether the limit has passed would make every
-    slice two spans long. ``pause`` yields twice: a timer that fell due during the slice is
-    queued behind the flusher's next step, so one yield would let a second slice run before it.
+    slice two spans long. ``pause`` yields three times, the steps a task asleep on a timer
+    that fell due during the slice needs before it runs: the loop queues the timer's callback
+    behind the flusher's next step; that callback only resolves the sleep's future, whose
+    task is queued one step later again. With two yields every such tick waited for a second
+    slice: ticks late by more than 1 ms under 165 KB spans came to 50-70 ms, against 20.
     """
 
     __slots__ = ("_last", "_started")
@@ -148,6 +151,7 @@ class Slices:
         self._started = self._last = time.perf_counter()
 
     async def pause(self) -> None:
+        await asyncio.sleep(0)
         await asyncio.sleep(0)
         await asyncio.sleep(0)
         self._started = self._last = time.perf_counter()
