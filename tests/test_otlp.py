@@ -868,6 +868,26 @@ def test_compressed_roundtrip(compression: str, encoding: str) -> None:
     assert decoded == decode_request(body, content_type(encoding))
 
 
+@pytest.mark.parametrize("compression", ["gzip", "zstd", "none"])
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_a_request_in_pieces_compresses_to_the_same_body(compression: str, encoding: str) -> None:
+    """The exporter hands a batch to the compressor in pieces (it is joined in the
+    compressor's thread): the pieces make the request ``encode_request`` makes, and what the
+    receiver decompresses is that request, spans of a foreign scope included."""
+    other = full_span()
+    other.scope = ("other.lib", "1.0")
+    chunks = [_otlp.encode_span(w, encoding) for w in [full_span()] * 40 + [other]]
+    for batch in (chunks[:-1], chunks):
+        pieces = _otlp.encode_request_pieces(batch, RESOURCE, encoding)
+        whole = _otlp.encode_request(batch, RESOURCE, encoding)
+        assert b"".join(pieces) == whole
+        packed, content_encoding = _otlp.compress_body(pieces, compression)
+        assert content_encoding == (None if compression == "none" else compression)
+        assert decompress(packed, content_encoding, 1 << 30) == whole
+    # One scope: every span is a piece of its own, never copied into a joined body.
+    assert len(_otlp.encode_request_pieces(chunks[:-1], RESOURCE, encoding)) > 40
+
+
 def test_big_incompressible_body_is_sent_as_is() -> None:
     """From a megabyte up, a body whose samples would not shrink by 40% is not compressed
     (base64 of random bytes: 25% at best); compressible bodies of any size are."""

@@ -4,7 +4,7 @@ one request, compressed, over a :class:`~looptrace._transport.Transport`.
     encode:  SpanEncoder.plan -> SpanEncoder.encode            (bytes; the common case)
                               -> Offloader.submit              (bytes, from a worker)
                               -> Offloader.job                 (a span a worker sends itself)
-    export:  encode_request(chunks) -> compress -> Transport.send -> Outcome
+    export:  encode_request_pieces(chunks) -> compress_body -> Transport.send -> Outcome
 
 A worker sends a large span itself only where the spans go over plain OTLP/HTTP with the
 default transport: then its bytes never come back to this process. With any other transport
@@ -83,8 +83,8 @@ class OtlpHttpExporter:
         cfg = self.cfg
         self.resource: Resource = _otlp.default_resource(cfg)
         self.content_type = _otlp.content_type(cfg.encoding)
-        self.encode_request = _otlp.encode_request
-        self.compress = _otlp.compress
+        self.request_pieces = _otlp.encode_request_pieces
+        self.compress = _otlp.compress_body
         self.span_encoder: SpanEncoder = SpanEncoder(cfg)
         if cfg.offload:
             # Started at the first large span; at interpreter exit, when no thread can start
@@ -190,14 +190,16 @@ class _Session:
             if isinstance(delivered, Outcome):
                 return delivered
             chunks = [delivered]
-        body = exporter.encode_request(chunks, exporter.resource, exporter.cfg.encoding)  # type: ignore[arg-type]
+        pieces = exporter.request_pieces(chunks, exporter.resource, exporter.cfg.encoding)  # type: ignore[arg-type]
         compression = exporter.cfg.compression
         content_encoding = None
-        if compression != "none":
-            if len(body) > COMPRESS_IN_THREAD_BYTES:
-                body, content_encoding = await in_background(exporter.compress, body, compression)
-            else:
-                body, content_encoding = exporter.compress(body, compression)
+        if compression != "none" and sum(map(len, pieces)) > COMPRESS_IN_THREAD_BYTES:
+            # Joined there too: a batch of a few megabytes takes milliseconds to copy.
+            body, content_encoding = await in_background(exporter.compress, pieces, compression)
+        else:
+            body = b"".join(pieces)
+            if compression != "none":
+                body, content_encoding = exporter.compress([body], compression)
         headers = {"Content-Type": exporter.content_type}
         if content_encoding:
             headers["Content-Encoding"] = content_encoding

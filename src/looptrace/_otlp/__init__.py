@@ -6,6 +6,9 @@ Once per span and once per batch::
     encode_request(chunks, resource, enc)    -> bytes   (ExportTraceServiceRequest, chunks spliced)
     compress(body, compression)              -> (bytes, Content-Encoding or None)
 
+and the same two in pieces (``encode_request_pieces``, ``compress_body``), so that a large
+batch is joined by the compressor in its thread, not copied on the loop.
+
 The parts: ``resource`` (what a request's spans share), ``pb`` and ``jsonenc`` (a span's
 encoding), ``request`` (spans into a request) and ``compression``. Protobuf is written by hand
 so the client needs no protobuf runtime and encodes each span in one pass; field numbers follow
@@ -33,6 +36,7 @@ from .compression import (
     ZSTD_LEVEL,
     _worth_compressing,
     compress,
+    compress_body,
     compress_pieces,
 )
 from .pb import (
@@ -50,7 +54,14 @@ from .pb import (
     span_tail,
     string_attribute,
 )
-from .request import ScopedChunk, encode_request, encode_span, request_pieces, scoped
+from .request import (
+    ScopedChunk,
+    encode_request,
+    encode_request_pieces,
+    encode_span,
+    request_pieces,
+    scoped,
+)
 from .resource import Resource, content_type, default_resource
 
 __all__ = [
@@ -75,10 +86,12 @@ __all__ = [
     "ScopedChunk",
     "_worth_compressing",
     "compress",
+    "compress_body",
     "compress_pieces",
     "content_type",
     "default_resource",
     "encode_request",
+    "encode_request_pieces",
     "encode_span",
     "payload_attributes",
     "request_pieces",

@@ -67,6 +67,14 @@ def _worth_compressing(pieces: Sequence[bytes], total: int) -> bool:
     return len(zlib.compress(sample, GZIP_LEVEL)) < _WORTH_IT * len(sample)
 
 
+def compress_body(pieces: list[bytes], compression: str) -> tuple[bytes, str | None]:
+    """:func:`compress` of the body that ``pieces`` make, whole: deflate reads the pieces in
+    turn, so nothing but the compressed output is copied (the GIL is let go of while it reads;
+    an uncompressed body is joined)."""
+    out, content_encoding = compress_pieces(pieces, compression)
+    return (out[0] if len(out) == 1 else b"".join(out)), content_encoding
+
+
 def compress(body: bytes, compression: str) -> tuple[bytes, str | None]:
     """Compress a request body; returns it with the Content-Encoding to send (None: as is).
 
@@ -91,8 +99,10 @@ def compress_pieces(pieces: list[bytes], compression: str) -> tuple[list[bytes],
     total = sum(map(len, pieces))
     if total >= PROBE_FROM_BYTES and not _worth_compressing(pieces, total):
         return pieces, None
-    body, encoding = _compressed(b"".join(pieces), compression)
-    return [body], encoding
+    if len(pieces) == 1:
+        body, encoding = _compressed(pieces[0], compression)
+        return [body], encoding
+    return [_streamed(pieces, compression)], _encoding(compression)
 
 
 def _compressed(body: bytes, compression: str) -> tuple[bytes, str]:
@@ -102,3 +112,18 @@ def _compressed(body: bytes, compression: str) -> tuple[bytes, str]:
             return zstd.ZstdCompressor(level=ZSTD_LEVEL).compress(body), "zstd"
     c = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
     return c.compress(body) + c.flush(), "gzip"
+
+
+def _encoding(compression: str) -> str:
+    return "zstd" if compression == "zstd" and _zstd() is not None else "gzip"
+
+
+def _streamed(pieces: Sequence[bytes], compression: str) -> bytes:
+    c: Any
+    if _encoding(compression) == "zstd":
+        c = _zstd().ZstdCompressor(level=ZSTD_LEVEL).compressobj()
+    else:
+        c = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
+    out = [c.compress(piece) for piece in pieces]
+    out.append(c.flush())
+    return b"".join(out)

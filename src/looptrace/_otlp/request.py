@@ -57,6 +57,15 @@ def encode_request(chunks: Sequence[bytes], resource: Resource, encoding: str) -
 
     Chunks of other scopes (:class:`ScopedChunk`) go under a resource-spans entry of their
     own scope, with the same resource."""
+    return b"".join(encode_request_pieces(chunks, resource, encoding))
+
+
+def encode_request_pieces(
+    chunks: Sequence[bytes], resource: Resource, encoding: str
+) -> list[bytes]:
+    """:func:`encode_request` in pieces, the chunks among them as they are: whoever needs the
+    body whole (the compressor, in its thread) joins it, so a batch of megabytes is never
+    copied on the loop."""
     if set(map(type, chunks)) - {bytes}:
         groups: dict[tuple[str, str] | None, list[bytes]] = {}
         for chunk in chunks:
@@ -67,15 +76,22 @@ def encode_request(chunks: Sequence[bytes], resource: Resource, encoding: str) -
         ]
         if encoding != "json":
             # Repeated ``resource_spans`` fields: the requests concatenate.
-            return b"".join(parts)
+            return [b"".join(p) for p in parts]
         cut = len(_JSON_REQUEST_HEAD)
-        return _JSON_REQUEST_HEAD + b",".join(p[cut:-2] for p in parts) + b"]}"
+        inner = b",".join(b"".join(p)[cut:-2] for p in parts)
+        return [_JSON_REQUEST_HEAD + inner + b"]}"]
     return _encode_one_scope(chunks, resource, encoding)
 
 
-def _encode_one_scope(chunks: Sequence[bytes], resource: Resource, encoding: str) -> bytes:
+def _encode_one_scope(chunks: Sequence[bytes], resource: Resource, encoding: str) -> list[bytes]:
     if encoding == "json":
-        return resource._json + b",".join(chunks) + b"]}]}]}"
+        out = [resource._json]
+        for i, chunk in enumerate(chunks):
+            if i:
+                out.append(b",")
+            out.append(chunk)
+        out.append(b"]}]}]}")
+        return out
     pieces: list[bytes] = [b"", b"", resource._pb_resource, b"", b"", resource._pb_scope]
     append = pieces.append
     fields = _SPAN_FIELD
@@ -94,7 +110,7 @@ def _encode_one_scope(chunks: Sequence[bytes], resource: Resource, encoding: str
     resource_spans_len = len(resource._pb_resource) + 1 + len(pieces[4]) + scope_spans_len
     pieces[0] = b"\x0a"  # ExportTraceServiceRequest.resource_spans
     pieces[1] = _varint(resource_spans_len)
-    return b"".join(pieces)
+    return pieces
 
 
 def request_pieces(span: Sequence[bytes], resource: Resource) -> list[bytes]:
