@@ -396,17 +396,23 @@ class Flusher:
             home.sending.discard(batch)
             home.slots.release()  # a drain waiting for a slot goes on by itself
             if home.event is not None and (wake or self._closing is not None):
-                # A batch came back, or the backend's health changed, or a shutdown waits for
-                # the last answer. A plain success wakes nobody: were it to start a drain, the
-                # spans that ended meanwhile would go out one or two to a request, each
-                # request's answer starting the next drain, and never gather into a batch.
+                # A batch came back, the backend's health changed, a worker sent the span, or
+                # a shutdown waits for the last answer. The success of a batch this loop sent
+                # wakes nobody: were it to start a drain, the spans that ended meanwhile would
+                # go out one or two to a request, each answer starting the next drain, and
+                # never gather into a batch.
                 home.event.set()
             self._notify()
 
     async def _send_once(self, home: Home, batch: Batch) -> bool:
         if home.session is None:
             home.session = self.exporter.session()
-        return self._answered(batch, await home.session.export(batch.chunks))
+        wake = self._answered(batch, await home.session.export(batch.chunks))
+        # After a span that travelled alone (a worker sent it), the next goes at once: its
+        # request costs this loop nothing, and large spans sent as they come keep the copying
+        # into the workers' pipes spread out. Gathered, they went in bursts that took both
+        # cores (loop lag under 2.5 MB spans: 11 -> 17 ms in all).
+        return wake or (len(batch.chunks) == 1 and self.exporter.alone(batch.chunks[0]))
 
     def _answered(self, batch: Batch, outcome: Outcome) -> bool:
         """Apply the retry rules to what became of ``batch``; whether the flusher must look
