@@ -384,6 +384,26 @@ async def test_pipeline_sends_each_large_span_alone(server: OtlpTestServer) -> N
     await looptrace.shutdown()
 
 
+async def test_a_large_span_goes_as_soon_as_the_one_before_is_answered(
+    server: OtlpTestServer,
+) -> None:
+    """A large span that ends while a worker sends another does not wait for the flush
+    interval: the answer to the first starts the next drain, since the workers' requests cost
+    the application's loop nothing (gathered, large spans reached the workers in bursts)."""
+    install_pipeline(server, retry=FAST_RETRY, flush_interval=60.0)
+    server.hold()
+    traced_calls(small=0, large=1)
+    first = asyncio.ensure_future(looptrace.flush(timeout=30))
+    assert await asyncio.to_thread(server.wait_for_active, 1, 20)
+    traced_calls(small=0, large=1)
+    server.release()
+    assert await first
+    # Nobody flushes again, and the interval is a minute.
+    assert await asyncio.to_thread(server.wait_for_spans, 2, 20)
+    assert [len(r.spans) for r in server.requests] == [1, 1]
+    await looptrace.shutdown()
+
+
 async def test_pipeline_retries_what_the_worker_reports(server: OtlpTestServer) -> None:
     """503s and a 429 answered to the worker are retried by the pipeline's rules: nothing is
     lost, and the retries are counted."""
