@@ -76,7 +76,7 @@ def encode_request_pieces(
         ]
         if encoding != "json":
             # Repeated ``resource_spans`` fields: the requests concatenate.
-            return [b"".join(p) for p in parts]
+            return [piece for p in parts for piece in p]
         cut = len(_JSON_REQUEST_HEAD)
         inner = b",".join(b"".join(p)[cut:-2] for p in parts)
         return [_JSON_REQUEST_HEAD + inner + b"]}"]
