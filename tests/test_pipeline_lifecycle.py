@@ -359,3 +359,30 @@ def test_asyncio_run_ends_right_after_a_span(
     assert server.accepted_span_count == 2
     for bad in ("Task was destroyed", "Traceback", "never awaited"):
         assert bad not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("steps", range(10))
+def test_asyncio_run_ending_at_any_step_of_a_drain_loses_no_span(
+    server: OtlpTestServer, steps: int
+) -> None:
+    """``asyncio.run`` cancels every task of its loop at once, a request's sender among them
+    even before its first step: that sender's batch is sent from the private thread, not
+    left in flight forever. The program ends ``steps`` loop turns after the span that
+    completes a batch, so one of them ends it in the turn the flusher starts a request."""
+    use(server, flush_interval=30.0, max_batch_spans=20)
+
+    async def main() -> None:
+        with looptrace.span("first"):
+            pass
+        for _ in range(5):  # the flusher starts on this loop and waits for a batch
+            await asyncio.sleep(0)
+        for i in range(19):
+            with looptrace.span(f"s{i}"):
+                pass
+        for _ in range(steps):
+            await asyncio.sleep(0)
+
+    asyncio.run(main())
+    result = looptrace.flush_sync(5)
+    assert result.ok, result
+    assert server.accepted_span_count == 20

@@ -227,6 +227,12 @@ class Flusher:
             task.cancel()
         if home.senders:
             await asyncio.gather(*home.senders, return_exceptions=True)
+        # asyncio.run cancels every task of its loop at once: a sender cancelled before its
+        # first step never ran the code that hands its batch back. No request of this loop
+        # can complete now, so whatever is still marked as sending goes back to pending.
+        for batch in list(home.sending):
+            self.buffer.returned(batch)
+        home.sending.clear()
         session, home.session = home.session, None
         if session is not None:
             try:
