@@ -386,3 +386,37 @@ def test_asyncio_run_ending_at_any_step_of_a_drain_loses_no_span(
     result = looptrace.flush_sync(5)
     assert result.ok, result
     assert server.accepted_span_count == 20
+
+
+def test_asyncio_run_ending_while_a_split_batch_waits_for_a_slot_loses_no_span(
+    server: OtlpTestServer,
+) -> None:
+    """Spans that encode larger than estimated leave a batch in several requests, each
+    waiting for a free slot. ``asyncio.run`` ending during that wait cancels the drain: the
+    requests it had not started yet are sent from the private thread, not left in flight."""
+    pipeline = use(
+        server,
+        flush_interval=30.0,
+        max_batch_bytes=16_000,
+        max_concurrent_requests=1,
+    )
+    server.hold()
+
+    async def main() -> None:
+        for i in range(10):
+            with looptrace.span(f"s{i}") as s:
+                # Estimated as one small nested value; 4 KB once encoded.
+                s.set_inputs({"doc": {"text": "x" * 4000}})
+        flushing = asyncio.ensure_future(looptrace.flush(30))  # drains now; asyncio.run ends it
+        for _ in range(5000):  # until the batch is split and its first request is held
+            if pipeline.buffer.in_flight_batches >= 2 and server.wait_for_active(1, 0):
+                break
+            await asyncio.sleep(0.001)
+        assert pipeline.buffer.in_flight_batches >= 2
+        assert not flushing.done()
+
+    asyncio.run(main())
+    server.release()
+    result = looptrace.flush_sync(5)
+    assert result.ok, result
+    assert server.accepted_span_count == 10

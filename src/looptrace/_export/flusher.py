@@ -331,7 +331,14 @@ class Flusher:
                 raise
             for i, piece in enumerate(parts):
                 if i:
-                    await slots.acquire()
+                    try:
+                        await slots.acquire()
+                    except BaseException:
+                        # Cancelled while the rest waited for a slot (asyncio.run ending):
+                        # no sender holds them, so they go back to pending from here.
+                        for rest in parts[i:]:
+                            self.buffer.returned(rest)
+                        raise
                 self._spawn(home, piece)
 
     def _spawn(self, home: Home, batch: Batch) -> None:
