@@ -303,7 +303,7 @@ class Flusher:
         if self._roots and cfg.sends_in_progress:
             records = self._roots.batch(self.exporter, self.buffer)
             if records is not None:
-                await slots.acquire()
+                await self._slot_for(slots, [records])
                 self._spawn(home, records)
         health = self.health
         # The spans pending now: those that end while this drain encodes wait for the next
@@ -331,15 +331,19 @@ class Flusher:
                 raise
             for i, piece in enumerate(parts):
                 if i:
-                    try:
-                        await slots.acquire()
-                    except BaseException:
-                        # Cancelled while the rest waited for a slot (asyncio.run ending):
-                        # no sender holds them, so they go back to pending from here.
-                        for rest in parts[i:]:
-                            self.buffer.returned(rest)
-                        raise
+                    await self._slot_for(slots, parts[i:])
                 self._spawn(home, piece)
+
+    async def _slot_for(self, slots: asyncio.Semaphore, waiting: list[Batch]) -> None:
+        """A free slot for the first of ``waiting``, batches already in flight that no sender
+        holds yet: cancelled meanwhile (asyncio.run ending), they go back to pending here, or
+        nothing would ever send them."""
+        try:
+            await slots.acquire()
+        except BaseException:
+            for batch in waiting:
+                self.buffer.returned(batch)
+            raise
 
     def _spawn(self, home: Home, batch: Batch) -> None:
         assert home.loop is not None
