@@ -227,9 +227,9 @@ class Flusher:
             task.cancel()
         if home.senders:
             await asyncio.gather(*home.senders, return_exceptions=True)
-        # asyncio.run cancels every task of its loop at once: a sender cancelled before its
-        # first step never ran the code that hands its batch back. No request of this loop
-        # can complete now, so whatever is still marked as sending goes back to pending.
+        # What this loop still holds: batches whose sender was cancelled before its first step
+        # (asyncio.run cancels every task at once) or that never got a slot. None of them can
+        # be sent from here now, so they go back to pending.
         for batch in list(home.sending):
             self.buffer.returned(batch)
         home.sending.clear()
@@ -303,7 +303,8 @@ class Flusher:
         if self._roots and cfg.sends_in_progress:
             records = self._roots.batch(self.exporter, self.buffer)
             if records is not None:
-                await self._slot_for(slots, [records])
+                home.sending.add(records)
+                await slots.acquire()
                 self._spawn(home, records)
         health = self.health
         # The spans pending now: those that end while this drain encodes wait for the next
@@ -329,21 +330,12 @@ class Flusher:
                 slots.release()
                 self.buffer.returned(batch)
                 raise
+            # Held by this loop from now on, also while the later ones wait for a slot.
+            home.sending.update(parts)
             for i, piece in enumerate(parts):
                 if i:
-                    await self._slot_for(slots, parts[i:])
+                    await slots.acquire()
                 self._spawn(home, piece)
-
-    async def _slot_for(self, slots: asyncio.Semaphore, waiting: list[Batch]) -> None:
-        """A free slot for the first of ``waiting``, batches already in flight that no sender
-        holds yet: cancelled meanwhile (asyncio.run ending), they go back to pending here, or
-        nothing would ever send them."""
-        try:
-            await slots.acquire()
-        except BaseException:
-            for batch in waiting:
-                self.buffer.returned(batch)
-            raise
 
     def _spawn(self, home: Home, batch: Batch) -> None:
         assert home.loop is not None

@@ -58,7 +58,8 @@ class Home:
         self.event: asyncio.Event | None = None
         self.slots: asyncio.Semaphore | None = None
         self.senders: set[asyncio.Task[None]] = set()
-        self.sending: set[Batch] = set()  # encoded batches its senders hold
+        # Encoded batches this loop holds in flight: being sent, or waiting for a slot.
+        self.sending: set[Batch] = set()
         self.session: Session | None = None  # the exporter on this loop
         self.urgent = False  # drain now: a flush or shutdown is waiting
         self.stopping = False  # cancelled on purpose: do not hand work to another home
