@@ -9,15 +9,16 @@ import uuid
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import looptrace
 from looptrace import _otlp, _serialize
-from looptrace._capture.spans import UNSET, CallSite, RemoteChildSpan, ScopedSpan, Span
+from looptrace._capture.spans import UNSET, CallSite, Event, RemoteChildSpan, ScopedSpan, Span
 from looptrace._config import Config
-from looptrace._encode import CLEAN, HOOKED, OFFLOAD, SpanEncoder
+from looptrace._encode import CLEAN, HOOKED, LARGE, OFFLOAD, SpanEncoder
 from looptrace._serialize import REDACTED, to_wire
 from looptrace.collector.decode import decode_request
 from looptrace.testing import capture_spans
@@ -224,8 +225,69 @@ def test_plan_walk_is_bounded_for_huge_flat_dicts() -> None:
             raise AttributeError(name)
 
     span = make_span(inputs={"huge": {str(i): Probe() for i in range(100_000)}})
-    assert plan(span, CFG) == 0
+    assert plan(span, CFG) == LARGE  # neither clean nor small: encoded in steps
     assert 0 < Probe.looked <= 256
+
+
+def rows(n: int, **extra: Any) -> list[dict[str, Any]]:
+    return [{"id": i, "name": f"item-{i}", "meta": {"rank": i % 7}, **extra} for i in range(n)]
+
+
+def steps_of(enc: SpanEncoder, span: Span, flags: int) -> tuple[bytes, int]:
+    """What :meth:`SpanEncoder.steps` returns, and how many times it yielded on the way."""
+    gen = enc.steps(span, flags)
+    yields = 0
+    while True:
+        try:
+            next(gen)
+        except StopIteration as done:
+            return done.value, yields
+        yields += 1
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"inputs": {"rows": rows(3_000)}},
+        {"inputs": {"rows": rows(3_000)}, "output": rows(400)},
+        {"inputs": {"rows": [*rows(3_000), {"deep": {"api_key": "k"}}]}},
+        {"inputs": {"rows": rows(3_000, password="p")}},
+        {"inputs": {"rows": rows(3_000)}, "events": [Event("e", 3_000)]},
+        {"output": {"big": {f"k{i}": i for i in range(5_000)}}},
+    ],
+    ids=["rows", "both", "deep-secret", "secret-rows", "events", "flat"],
+)
+def test_large_payloads_encode_in_steps_to_the_same_bytes(fields: dict[str, Any]) -> None:
+    """A LARGE span written by ``steps`` (which yields between orjson's pass and the steps of
+    the key scan) is byte for byte the span ``encode`` and the general route write, secrets
+    redacted, and it did yield: once after orjson, then every 64 KiB of a scan that finds no
+    secret key (one that finds one stops there)."""
+    span = make_span(**fields)
+    enc = SpanEncoder(CFG)
+    flags = enc.plan(span)
+    assert flags & LARGE
+    chunk, yields = steps_of(enc, span, flags)
+    assert chunk == enc.encode(span, flags) == general(span)
+    payload = orjson.dumps(fields.get("inputs", fields.get("output")))
+    if "events" in fields:
+        assert yields == 0  # the general route writes it whole
+    elif b"api_key" in payload or b"password" in payload:
+        assert yields >= 1
+    else:
+        assert yields >= 1 + len(payload) // (64 * 1024)
+    attrs = decoded(chunk)
+    assert '"k"' not in attrs.get("input.value", "") and '"p"' not in attrs.get("input.value", "")
+
+
+def test_hooked_and_json_spans_take_one_step() -> None:
+    """A span whose hook rewrites its payload, or that goes out as OTLP/JSON, is written by
+    the general route in one step: ``steps`` gives ``encode``'s bytes without yielding."""
+    span = make_span(inputs={"rows": rows(3_000)})
+    hooked = CFG.replace(process_inputs=lambda v: {"n": len(v["rows"])})
+    for cfg in (hooked, CFG.replace(encoding="json")):
+        enc = SpanEncoder(cfg)
+        flags = enc.plan(span)
+        assert steps_of(enc, span, flags) == (enc.encode(span, flags), 0)
 
 
 def test_property_direct_route_matches_and_never_leaks_a_secret() -> None:

@@ -17,6 +17,7 @@ import pytest
 import looptrace
 from looptrace import _export, _state
 from looptrace._capture.spans import Span
+from looptrace._encode import SpanEncoder
 from looptrace._export.buffer import PENDING_OVERHEAD_BYTES, Buffer
 from looptrace._transport import (
     HttpTransport,
@@ -266,6 +267,58 @@ async def test_flusher_runs_on_the_running_loop_in_short_slices(
     assert pipeline._home.thread_id == threading.get_ident()
     assert server.accepted_span_count == 500
     assert ticks >= 500
+
+
+async def test_a_large_structure_is_written_in_steps_that_yield_to_the_loop(
+    server: OtlpTestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One span carrying a structure of many small values (rows, messages) is not one long
+    step on the application's loop: orjson's pass and each part of the scan for secret keys
+    after it are steps of their own, with the loop's other tasks run in between. The span
+    arrives whole."""
+    monkeypatch.setattr(_export.exporter, "SLICE_SECONDS", 0.0)
+    use(server)
+    rows = [{"id": i, "name": f"item-{i}", "meta": {"rank": i % 7}} for i in range(8_000)]
+    ticks = 0
+    # The ticker's turns when the flusher began the span (planned it) and when it put the
+    # encoded span together.
+    seen: list[int] = []
+    plan, encode = SpanEncoder.plan, SpanEncoder.encode
+
+    def planned(self: SpanEncoder, span: Span) -> int:
+        seen.append(ticks)
+        return plan(self, span)
+
+    def encoded(self: SpanEncoder, span: Span, flags: int, bodies: Any = None) -> bytes:
+        seen.append(ticks)
+        return encode(self, span, flags, bodies)
+
+    monkeypatch.setattr(SpanEncoder, "plan", planned)
+    monkeypatch.setattr(SpanEncoder, "encode", encoded)
+
+    async def ticker(stop: asyncio.Event) -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            await asyncio.sleep(0)
+            ticks += 1
+
+    @looptrace.traced
+    async def load(rows: list[dict[str, Any]]) -> int:
+        return len(rows)
+
+    await load(rows)
+    stop = asyncio.Event()
+    tick = asyncio.ensure_future(ticker(stop))
+    assert (await looptrace.flush(10)).ok
+    stop.set()
+    await tick
+    (span,) = server.accepted_spans()
+    values = {kv.key: kv.value.string_value for kv in span.attributes}
+    assert len(values["input.value"]) > 4 * 64 * 1024
+    # Orjson's pass and four steps of the scan at least, each followed by a pause of three
+    # turns of the loop.
+    began, ended = seen
+    assert ended - began >= 5 * 3
 
 
 async def test_exporter_does_not_trace_itself() -> None:

@@ -653,6 +653,60 @@ def test_key_scan_failing_falls_back_to_the_word_scan(monkeypatch: pytest.Monkey
     assert not pol.maybe_secret(orjson.dumps({"rows": rows}))
 
 
+def scan_in_steps(pol: _serialize.Policy, out: bytes, step_bytes: int) -> tuple[bool, int]:
+    """``maybe_secret_steps`` run to its answer, with the number of steps it yielded after."""
+    gen = pol.maybe_secret_steps(out, step_bytes)
+    yields = 0
+    while True:
+        try:
+            next(gen)
+        except StopIteration as done:
+            return done.value, yields
+        yields += 1
+
+
+def test_key_scan_in_steps_finds_a_secret_key_wherever_a_step_ends() -> None:
+    """The scan of long output in steps (the flusher's, so that other tasks run in between)
+    stops searching at each step's end: a secret key, an escaped quote or a run of backslashes
+    cut there is still read exactly, at every step size, and a scan of plain keys that all
+    repeat yields once per step."""
+    rows = records(40)
+    tricky = {'a\\"b': 1, "x\\": 2, "\\": 3, 'q"': 4}
+    # A key that ends in a backslash ends in an even run of them in JSON: cut inside that run,
+    # its closing quote would look escaped.
+    for key in ("API_KEY", "API_KEY\\", "API_KEY\\\\"):
+        secret = orjson.dumps({"rows": rows, "t": tricky, "x": {key: 1}, "z": rows[:3]})
+        for step in range(1, len(secret) + 2):
+            assert scan_in_steps(fresh_policy(), secret, step)[0], (key, step)
+    plain = orjson.dumps({"rows": rows, "t": tricky, "x": {"API_KE\\": 1}, "z": rows[:3]})
+    for step in range(1, len(plain) + 2):
+        assert not scan_in_steps(fresh_policy(), plain, step)[0], step
+    pol = fresh_policy()
+    assert not pol.maybe_secret(plain)  # its keys learned
+    answer, yields = scan_in_steps(pol, plain, 256)
+    assert not answer
+    assert yields == (len(plain) - 1) // 256
+
+
+def test_property_key_scan_in_steps_is_exact() -> None:
+    """Hypothesis: scanned in steps of any size, long output is flagged exactly when the rule
+    calls one of its keys secret."""
+    pol = fresh_policy()
+    alphabet = st.sampled_from([*list('aAkKeEyY_- .\n"\\:0'), "token", "api", "Key", "id"])
+    keys = st.lists(alphabet, max_size=8).map("".join)
+    rows = records(60)
+
+    @settings(max_examples=200, deadline=None)
+    @given(keys, st.integers(min_value=0, max_value=59), st.integers(min_value=1, max_value=300))
+    def check(key: str, where: int, step: int) -> None:
+        changed = [dict(r) for r in rows]
+        changed[where] = {**changed[where], key: {key: 1}}
+        out = orjson.dumps({"rows": changed})
+        assert scan_in_steps(pol, out, step)[0] == pol.is_secret(key)
+
+    check()
+
+
 def test_property_key_scan_is_exact_on_many_keys() -> None:
     """Hypothesis: with many keys (the key-end scan) and a policy that keeps learning across
     examples, a key is flagged exactly when the rule calls it secret, wherever it sits."""

@@ -19,14 +19,16 @@ import asyncio
 import dataclasses
 import enum
 import time
-from collections.abc import Callable, Sequence, Sized
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Generator, Sequence, Sized
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from .._errors import report_internal
 
 if TYPE_CHECKING:
     from .._capture.spans import Span
     from .stats import OffloadStatistics
+
+_T = TypeVar("_T")
 
 __all__ = ["SLICE_SECONDS", "Exporter", "Outcome", "Session", "Slices", "Verdict", "encode_each"]
 
@@ -155,6 +157,17 @@ class Slices:
         await asyncio.sleep(0)
         await asyncio.sleep(0)
         self._started = self._last = time.perf_counter()
+
+    async def run(self, steps: Generator[None, None, _T]) -> _T:
+        """The result of a computation that yields between its steps, run step by step
+        inside the slices: a pause falls between two steps when the next would end the slice."""
+        while True:
+            if self.due():
+                await self.pause()
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
 
 
 async def encode_each(spans: Sequence[Span], encode: Callable[[Span], Sized]) -> list[Sized | None]:

@@ -34,7 +34,7 @@ from .spans import (
     prepare,
     to_wire,
 )
-from .walk import _dumps, snapshot, to_json
+from .walk import _dumps, dumps_steps, snapshot, to_json
 
 __all__ = [
     "REDACTED",
@@ -46,6 +46,7 @@ __all__ = [
     "_payloads",
     "capped",
     "counted",
+    "dumps_steps",
     "estimate_size",
     "finish",
     "finish_payloads",

@@ -6,8 +6,8 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Generator, Iterator
+from typing import TYPE_CHECKING, TypeVar
 
 import orjson
 
@@ -34,6 +34,19 @@ def counted() -> Iterator[Counter[str]]:
         delta.subtract(before)
         for key in [k for k, v in delta.items() if v <= 0]:
             del delta[key]
+
+
+_T = TypeVar("_T")
+
+
+def complete(steps: Generator[None, None, _T]) -> _T:
+    """Run a serialization that can pause between steps (a generator that returns its
+    result) to the end, without pausing."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
 
 REDACTED = "<redacted>"

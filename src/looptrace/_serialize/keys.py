@@ -24,7 +24,7 @@ is skipped too.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
 from ._common import _CACHE_MAX
 
@@ -105,9 +105,15 @@ class KeyEnds:
         """The keys the pattern skips."""
         return self._state[0]
 
-    def find_secret(self, out: bytes, secret: Callable[[bytes], bool]) -> bool | None:
+    def find_secret(
+        self, out: bytes, secret: Callable[[bytes], bool], step_bytes: int = 0
+    ) -> Generator[None, None, bool | None]:
         """Whether some object key in ``out`` (orjson output) is secret by ``secret`` (which
         takes a key's raw text); None when too many keys were unknown to tell cheaply.
+
+        A generator that returns the answer: with ``step_bytes`` it yields after each run of
+        about that many bytes, so a caller on an event loop can let other tasks run between
+        them; with 0 it never yields (run it with ``complete``).
 
         A plain key that comes back twice (in this output or an earlier one) is learned:
         keys that never repeat, such as ids, are never compiled into the pattern."""
@@ -122,10 +128,17 @@ class KeyEnds:
         stale = misses = 0
         rebuilt = False
         pos = 0
+        end = _step_end(rev, pos, step_bytes)
         while True:
-            m = pattern.search(rev, pos)
+            m = pattern.search(rev, pos, end)
             if m is None:
-                break
+                if end >= n:
+                    break
+                # A ':"' across the step's end starts at end - 1.
+                pos = max(pos, end - 1)
+                end = _step_end(rev, end, step_bytes)
+                yield
+                continue
             p = m.start()
             pos = p + 2
             raw = key_ending_at(out, n - 2 - p)
@@ -171,3 +184,23 @@ class KeyEnds:
                 return pattern
             self._state = (grown, pattern)
         return pattern
+
+
+def _step_end(rev: bytes, start: int, step_bytes: int) -> int:
+    """Where a step of the scan that starts at ``start`` stops searching (its ``endpos``).
+
+    The pattern cannot look past it, and is exact anyway: a known key cut there is not
+    recognised, so its end comes back to Python, which reads the key from the whole text; and
+    the step never stops inside a run of backslashes (cut short, an even run would read as
+    odd and a key's closing quote as escaped) or just after a quote (a ``:"`` there would
+    come back without its escape checked)."""
+    n = len(rev)
+    if step_bytes <= 0:
+        return n
+    end = start + step_bytes
+    while end < n and rev[end - 1] in _NO_CUT:
+        end += 1
+    return min(end, n)
+
+
+_NO_CUT = frozenset(b'\\"')

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ._common import _CACHE_MAX, _FEW_QUOTES, _HARD_DEPTH, _QUOTE_PROBE_BYTES, _REGEX_GATE_BYTES
+from ._common import (
+    _CACHE_MAX,
+    _FEW_QUOTES,
+    _HARD_DEPTH,
+    _QUOTE_PROBE_BYTES,
+    _REGEX_GATE_BYTES,
+    complete,
+)
 from .convert import _convert
 from .keys import KeyEnds, _escaped
 
@@ -110,6 +117,20 @@ class Policy:
         """Cheap check on orjson output: could any object key in it be secret?
 
         Never says no when a key is secret (a false yes only costs the careful walk)."""
+        screened = self._screen(out)
+        return complete(self._scan_keys(out, 0)) if screened is None else screened
+
+    def maybe_secret_steps(self, out: bytes, step_bytes: int) -> Generator[None, None, bool]:
+        """:meth:`maybe_secret` as a generator that returns the answer, yielding between
+        steps of about ``step_bytes`` of the scan (for a caller on an event loop)."""
+        screened = self._screen(out)
+        if screened is not None:
+            return screened
+        return (yield from self._scan_keys(out, step_bytes))
+
+    def _screen(self, out: bytes) -> bool | None:
+        """The answer for output with no keys, no redaction word or few strings; None when
+        its keys must be scanned (many strings)."""
         # Every object key in orjson's output ends in '":'; no such pair means no keys at all.
         if b'":' not in out:
             return False
@@ -119,7 +140,7 @@ class Policy:
         # check each kind of key once (keys/``KeyEnds``). Searching for the redaction words
         # instead cost a pass over every byte per word: 0.9 ms for 165 KB of records.
         if out.count(b'"', 0, _QUOTE_PROBE_BYTES) > _FEW_QUOTES:
-            return self._scan_keys(out)
+            return None
         # Few strings (the usual shape of a big payload: a handful of keys, huge values):
         # read each key back from the text and apply the exact rule. Quotes are found with
         # memchr speed; unescaped ones alternate open/close, and only a key's close is
@@ -130,7 +151,7 @@ class Policy:
         while q != -1:
             seen += 1
             if seen > _FEW_QUOTES:
-                return self._scan_keys(out)
+                return None
             if not _escaped(out, q):
                 if start < 0:
                     start = q
@@ -155,12 +176,16 @@ class Policy:
         self._raw_cache[raw] = hit
         return hit
 
-    def _scan_keys(self, out: bytes) -> bool:
+    def _scan_keys(self, out: bytes, step_bytes: int) -> Generator[None, None, bool]:
         try:
-            found = self._key_ends.find_secret(out, self._secret_raw)
+            found = yield from self._key_ends.find_secret(out, self._secret_raw, step_bytes)
         except Exception:
             found = None  # the word scan decides alone, as it can
-        return self._scan_words(out) if found is None else found
+        if found is None:
+            if step_bytes:
+                yield  # one pass over the text per word follows
+            return self._scan_words(out)
+        return found
 
     def _scan_words(self, out: bytes) -> bool:
         # Many keys that do not repeat (ids as keys): look for the redaction words themselves,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime
 import enum
 import uuid
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -185,19 +185,7 @@ def _dumps(value: Any, pol: Policy, keys_clean: bool = False) -> bytes:
 
     ``keys_clean``: a walk of ``value`` already showed it holds no secret key (see
     :func:`plan`), so the output is not scanned for one (and every key is a str)."""
-    out: bytes | None
-    try:
-        if keys_clean:
-            out = orjson.dumps(value, default=pol.default, option=_STR_KEY_OPTS)
-        else:
-            # Str keys and nothing to convert, the usual value: the faster options. Another
-            # key or type raises where orjson meets it, and the value is written again.
-            try:
-                out = orjson.dumps(value, default=_native, option=_STR_KEY_OPTS)
-            except Exception:
-                out = orjson.dumps(value, default=pol.default, option=_OPTS)
-    except Exception:
-        out = None
+    out = _fast(value, pol, keys_clean)
     if (
         out is not None
         and len(out) <= pol.max_value_bytes
@@ -205,6 +193,37 @@ def _dumps(value: Any, pol: Policy, keys_clean: bool = False) -> bytes:
     ):
         return out
     return _careful(value, pol, out)
+
+
+def dumps_steps(
+    value: Any, pol: Policy, keys_clean: bool, step_bytes: int
+) -> Generator[None, None, bytes]:
+    """:func:`_dumps` as a generator that returns the bytes, yielding once orjson has written
+    them and between steps of about ``step_bytes`` of the scan for secret keys: for a value
+    whose JSON is long, so that an event loop runs other tasks between the steps."""
+    out = _fast(value, pol, keys_clean)
+    if out is not None and len(out) <= pol.max_value_bytes:
+        if keys_clean or not pol.redact:
+            return out
+        yield
+        if not (yield from pol.maybe_secret_steps(out, step_bytes)):
+            return out
+    return _careful(value, pol, out)
+
+
+def _fast(value: Any, pol: Policy, keys_clean: bool) -> bytes | None:
+    """orjson's bytes for ``value``, the fast path's first try; None when it refuses."""
+    try:
+        if keys_clean:
+            return orjson.dumps(value, default=pol.default, option=_STR_KEY_OPTS)
+        # Str keys and nothing to convert, the usual value: the faster options. Another
+        # key or type raises where orjson meets it, and the value is written again.
+        try:
+            return orjson.dumps(value, default=_native, option=_STR_KEY_OPTS)
+        except Exception:
+            return orjson.dumps(value, default=pol.default, option=_OPTS)
+    except Exception:
+        return None
 
 
 def _careful(value: Any, pol: Policy, first: bytes | None) -> bytes:
