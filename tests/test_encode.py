@@ -261,7 +261,7 @@ def test_large_payloads_encode_in_steps_to_the_same_bytes(fields: dict[str, Any]
     """A LARGE span written by ``steps`` (which yields between orjson's pass and the steps of
     the key scan) is byte for byte the span ``encode`` and the general route write, secrets
     redacted, and it did yield: once after orjson, then every 64 KiB of a scan that finds no
-    secret key (one that finds one stops there)."""
+    secret key (one that finds one stops there), on the direct route or the general one."""
     span = make_span(**fields)
     enc = SpanEncoder(CFG)
     flags = enc.plan(span)
@@ -269,9 +269,7 @@ def test_large_payloads_encode_in_steps_to_the_same_bytes(fields: dict[str, Any]
     chunk, yields = steps_of(enc, span, flags)
     assert chunk == enc.encode(span, flags) == general(span)
     payload = orjson.dumps(fields.get("inputs", fields.get("output")))
-    if "events" in fields:
-        assert yields == 0  # the general route writes it whole
-    elif b"api_key" in payload or b"password" in payload:
+    if b"api_key" in payload or b"password" in payload:
         assert yields >= 1
     else:
         assert yields >= 1 + len(payload) // (64 * 1024)
@@ -279,15 +277,33 @@ def test_large_payloads_encode_in_steps_to_the_same_bytes(fields: dict[str, Any]
     assert '"k"' not in attrs.get("input.value", "") and '"p"' not in attrs.get("input.value", "")
 
 
-def test_hooked_and_json_spans_take_one_step() -> None:
+def test_hooked_and_json_spans_take_the_general_routes_steps() -> None:
     """A span whose hook rewrites its payload, or that goes out as OTLP/JSON, is written by
-    the general route in one step: ``steps`` gives ``encode``'s bytes without yielding."""
+    the general route, in steps when the JSON is long and in one when the hook made it short;
+    ``steps`` gives ``encode``'s bytes either way, and runs the hook once."""
     span = make_span(inputs={"rows": rows(3_000)})
-    hooked = CFG.replace(process_inputs=lambda v: {"n": len(v["rows"])})
-    for cfg in (hooked, CFG.replace(encoding="json")):
+    calls: list[int] = []
+
+    def count(v: Any) -> Any:
+        calls.append(1)
+        return {"n": len(v["rows"])}
+
+    def keep(v: Any) -> Any:
+        calls.append(1)
+        return {"kept": v}
+
+    for cfg, long in (
+        (CFG.replace(process_inputs=count), False),
+        (CFG.replace(process_inputs=keep), True),
+        (CFG.replace(encoding="json"), True),
+    ):
         enc = SpanEncoder(cfg)
         flags = enc.plan(span)
-        assert steps_of(enc, span, flags) == (enc.encode(span, flags), 0)
+        calls.clear()
+        chunk, yields = steps_of(enc, span, flags)
+        assert len(calls) == (1 if cfg.process_inputs else 0)
+        assert chunk == enc.encode(span, flags)
+        assert (yields > 2) is long
 
 
 def test_property_direct_route_matches_and_never_leaks_a_secret() -> None:

@@ -18,8 +18,10 @@ import pytest
 
 import looptrace
 from looptrace import _export, _otlp
+from looptrace._capture.spans import Event, Span
 from looptrace._export.exporter import Outcome, Verdict
 from looptrace._export.memory import InMemoryExporter
+from looptrace._export.otlp_http import OtlpHttpExporter
 from looptrace._export.store import Row, StoreExporter, decoded
 from looptrace._store import Store
 from looptrace._transport import RetryPolicy
@@ -309,3 +311,73 @@ async def test_spans_that_end_during_a_drain_gather_into_the_next_batch(hold: st
         ["s0"],
         ["during", "after"],
     ]
+
+
+def _large_span(**fields: Any) -> Span:
+    span = Span("load", 0x77, 0x5, 0, NOW)
+    span.end_ns = NOW + 10
+    span.inputs = {
+        "rows": [{"id": i, "name": f"item-{i}", "meta": {"r": i % 7}} for i in range(8_000)]
+    }
+    for name, value in fields.items():
+        setattr(span, name, value)
+    return span
+
+
+@pytest.mark.parametrize(
+    "kind", ["otlp-protobuf", "otlp-json", "otlp-hooked", "otlp-events", "store", "memory"]
+)
+async def test_every_exporter_writes_a_large_structure_in_steps(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever the exporter and the route a span takes, one carrying a structure of many
+    small values is written in steps with the application's other tasks run in between
+    (orjson's pass, then the scan for secret keys 64 KiB at a time), and the chunk is the one
+    the exporter writes in one go."""
+    monkeypatch.setattr(_export.exporter, "SLICE_SECONDS", 0.0)
+    cfg = looptrace.Config.from_env(
+        endpoint="http://127.0.0.1:9/v1/traces",
+        store_path=str(tmp_path / "s.db"),
+        offload=False,
+        encoding="json" if kind == "otlp-json" else "protobuf",
+        process_inputs=(lambda v: {"kept": v}) if kind == "otlp-hooked" else None,
+    )
+    span = _large_span(events=[Event("e", NOW + 5)] if kind == "otlp-events" else [])
+    exporter: Any
+    if kind == "store":
+        exporter = StoreExporter(cfg)
+    elif kind == "memory":
+        exporter = InMemoryExporter(cfg)
+    else:
+        exporter = OtlpHttpExporter(cfg)
+    exporter.load()
+    ticks = 0
+
+    async def ticker(stop: asyncio.Event) -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            await asyncio.sleep(0)
+            ticks += 1
+
+    stop = asyncio.Event()
+    tick = asyncio.ensure_future(ticker(stop))
+    await asyncio.sleep(0)
+    (chunk,) = await exporter.encode([span])
+    during = ticks
+    stop.set()
+    await tick
+    # Orjson's pass and four steps of the scan at least, each followed by three turns.
+    assert during >= 5 * 3
+    if kind.startswith("otlp"):
+        whole = exporter.span_encoder.encode(span, exporter.span_encoder.plan(span))
+    else:
+        whole = exporter.encode_open(span)
+    if kind == "store":
+        assert chunk.span == whole.span
+    elif kind == "memory":
+        assert _otlp.encode_span(chunk.wire, "protobuf") == _otlp.encode_span(
+            whole.wire, "protobuf"
+        )
+    else:
+        assert bytes(chunk) == bytes(whole)
+    assert len(chunk) == len(whole)

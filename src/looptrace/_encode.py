@@ -1,8 +1,9 @@
 """The flusher's per-span step: plan how to serialize a span, then write its encoded chunk.
 
     enc = SpanEncoder(cfg)
-    flags = enc.plan(span)      -> OFFLOAD | CLEAN | HOOKED   one bounded walk over the values
-    chunk = enc.encode(span, flags)  -> bytes                 what encode_request splices in
+    flags = enc.plan(span)      -> OFFLOAD | CLEAN | HOOKED | LARGE   one bounded walk
+    chunk = enc.encode(span, flags)  -> bytes         what encode_request splices in
+    chunk = yield from enc.steps(span, flags)         the same, LARGE or HOOKED: long JSON in steps
 
 Two routes to the same bytes. The general one is ``_otlp.encode_span(_serialize.to_wire(...))``:
 a :class:`~looptrace._wire.WireSpan` first, then its encoding; it handles everything (events,
@@ -47,9 +48,6 @@ LARGE = 8
 visits, whose JSON may take long enough to write and scan to be worth :meth:`SpanEncoder.steps`."""
 
 _WALK_BUDGET = 256
-# The scan of a LARGE span's JSON for secret keys yields after about this much text: 64 KiB
-# take 0.1-0.2 ms.
-_STEP_BYTES = 64 * 1024
 # What the walk passes over: scalars (no size, no keys) and an unset input or output.
 _SKIP = frozenset((int, float, bool, type(None), type(UNSET)))
 # Leaves whose JSON can never hold an object key (so never a secret one).
@@ -217,21 +215,23 @@ class SpanEncoder:
         return _otlp.encode_span(_serialize.to_wire(span, self.cfg), self.encoding)
 
     def steps(self, span: Span, flags: int) -> Generator[None, None, bytes]:
-        """:meth:`encode` as a generator that returns the chunk, for a :data:`LARGE` span: it
-        yields once orjson has written a payload and between steps of the scan of its JSON for
-        secret keys, so that the flusher's loop runs other tasks in between. A 165 KB
-        structure is then five steps of at most about 0.5 ms instead of one of 1-1.5 ms."""
-        bodies = None
-        if self._direct(span) and not flags & HOOKED:
-            pol, clean = self.pol, flags & CLEAN != 0
-            body_in = body_out = b""
-            if span.inputs is not UNSET:
-                body_in = yield from _serialize.dumps_steps(span.inputs, pol, clean, _STEP_BYTES)
-                yield
-            if span.output is not UNSET:
-                body_out = yield from _serialize.dumps_steps(span.output, pol, clean, _STEP_BYTES)
-            bodies = (body_in, body_out)
-        return self.encode(span, flags, bodies)
+        """:meth:`encode` as a generator that returns the chunk, for a :data:`LARGE` or
+        :data:`HOOKED` span: when a payload's JSON is long it yields once orjson has written it
+        and between steps of the scan for secret keys, so that the flusher's loop runs other
+        tasks in between. A 165 KB
+        structure is then five steps of at most about 0.5 ms instead of one of 1-1.5 ms. A
+        span with a hook (which runs once, in the general route) or that the general route
+        writes anyway takes the general route's steps."""
+        if flags & HOOKED or not self._direct(span):
+            wire = yield from _serialize.to_wire_steps(span, self.cfg)
+            return _otlp.encode_span(wire, self.encoding)
+        pol, clean = self.pol, flags & CLEAN != 0
+        body_in = body_out = b""
+        if span.inputs is not UNSET:
+            body_in = yield from _serialize.dumps_steps(span.inputs, pol, clean)
+        if span.output is not UNSET:
+            body_out = yield from _serialize.dumps_steps(span.output, pol, clean)
+        return self.encode(span, flags, (body_in, body_out))
 
     def _direct(self, span: Span) -> bool:
         """Whether :meth:`encode` writes ``span`` itself rather than through a WireSpan."""

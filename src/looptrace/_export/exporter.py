@@ -173,14 +173,17 @@ class Slices:
                 return done.value  # type: ignore[no-any-return]
 
 
-async def encode_each(spans: Sequence[Span], encode: Callable[[Span], Sized]) -> list[Sized | None]:
-    """``encode`` applied to each span in :class:`Slices`; None (reported) for a span it
-    could not encode. The loop of an exporter whose every span takes the same route."""
+async def encode_each(
+    spans: Sequence[Span], steps: Callable[[Span], Generator[None, None, Sized]]
+) -> list[Sized | None]:
+    """Each span's chunk, from ``steps`` (a generator that returns it, yielding between the
+    steps of a long serialization), in :class:`Slices`; None (reported) for a span it could
+    not encode. The loop of an exporter whose every span takes the same route."""
     chunks: list[Sized | None] = [None] * len(spans)
     slices = Slices()
     for i, span in enumerate(spans):
         try:
-            chunks[i] = encode(span)
+            chunks[i] = await slices.run(steps(span))
         except Exception as exc:
             report_internal("pipeline.encode", exc)
         if slices.due():

@@ -104,7 +104,7 @@ class OtlpHttpExporter:
 
     async def encode(self, spans: Sequence[Span]) -> list[Sized | None]:
         """Encode each span, or hand it to a worker, in ~1 ms slices."""
-        from .._encode import LARGE, OFFLOAD
+        from .._encode import HOOKED, LARGE, OFFLOAD
         from .._offload.parent import STARTABLE
 
         cfg = self.cfg
@@ -136,9 +136,10 @@ class OtlpHttpExporter:
                     # The handoff (hooks, pickling) runs here, inside the time slice, so a drain
                     # of many large spans yields between them; only the results are awaited.
                     offloaded.append((i, offloader.submit(span, cfg, encoding)))
-                elif flags & LARGE:
-                    # Many containers: orjson's pass and the key scan after it are steps of
-                    # their own, each judged against the slice like a span.
+                elif flags & (LARGE | HOOKED):
+                    # Many containers (or a hook's value, which the walk has not seen):
+                    # orjson's pass and the key scan after it are steps of their own when the
+                    # JSON is long, each judged against the slice like a span.
                     chunks[i] = await slices.run(steps(span, flags))
                 else:
                     chunks[i] = encode(span, flags)

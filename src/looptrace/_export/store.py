@@ -1,7 +1,7 @@
 """The local store's exporter (no endpoint configured): spans go into SQLite as the rows the
 collector would have made of them, with no OTLP encoding, compression or decoding between.
 
-    encode:  to_wire(span) -> DecodedSpan          on the flusher's loop, in ~1 ms slices
+    encode:  to_wire(span) -> DecodedSpan          on the flusher's loop, in ~0.5 ms slices
     export:  Store.write(rows)                      in a worker thread; SENT after the commit
 
 A store that is locked past its busy timeout, full or read-only answers RETRY, so the flusher
@@ -14,7 +14,7 @@ import os
 import sqlite3
 import sys
 import threading
-from collections.abc import Sequence, Sized
+from collections.abc import Generator, Sequence, Sized
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +53,7 @@ class StoreExporter:
         self.path = Path(cfg.store_path)
         self._estimate: Any = None
         self._to_wire: Any = None
+        self._to_wire_steps: Any = None
 
     def __repr__(self) -> str:
         return f"StoreExporter({str(self.path)!r})"
@@ -69,15 +70,21 @@ class StoreExporter:
         self._scope = (resource.scope_name, resource.scope_version)
         self._estimate = _serialize.estimate_size
         self._to_wire = _serialize.to_wire
+        self._to_wire_steps = _serialize.to_wire_steps
 
     def estimate(self, span: Span) -> int:
         return int(self._estimate(span))
 
     async def encode(self, spans: Sequence[Span]) -> list[Sized | None]:
-        return await encode_each(spans, self.encode_open)
+        return await encode_each(spans, self._steps)
+
+    def _steps(self, span: Span) -> Generator[None, None, Sized]:
+        return self._row((yield from self._to_wire_steps(span, self.cfg)))
 
     def encode_open(self, span: Span) -> Sized:
-        wire = self._to_wire(span, self.cfg)
+        return self._row(self._to_wire(span, self.cfg))
+
+    def _row(self, wire: WireSpan) -> Row:
         # Weighed from the wire shape just made: the estimate made when the span was queued
         # walked the same values once already.
         return Row(decoded(wire, self._resource, self._scope), wire.weight())

@@ -20,7 +20,7 @@ attributes, payloads, events and links) and ``sizing`` (the buffer's estimate).
 
 from __future__ import annotations
 
-from ._common import REDACTED, TRUNCATED_KEY, counted, logger, stats
+from ._common import REDACTED, STEP_BYTES, TRUNCATED_KEY, complete, counted, logger, stats
 from .convert import placeholder
 from .policy import Policy, has_policy, policy
 from .sizing import estimate_size, leaf_size
@@ -33,11 +33,13 @@ from .spans import (
     finish_payloads,
     prepare,
     to_wire,
+    to_wire_steps,
 )
 from .walk import _dumps, dumps_steps, snapshot, to_json
 
 __all__ = [
     "REDACTED",
+    "STEP_BYTES",
     "TRUNCATED_KEY",
     "Policy",
     "_attributes",
@@ -45,6 +47,7 @@ __all__ = [
     "_dumps",
     "_payloads",
     "capped",
+    "complete",
     "counted",
     "dumps_steps",
     "estimate_size",
@@ -60,4 +63,5 @@ __all__ = [
     "stats",
     "to_json",
     "to_wire",
+    "to_wire_steps",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import traceback
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._capture.spans import UNSET, CallSite, Span
@@ -27,7 +27,7 @@ from .._wire import Attributes, AttrValue, WireEvent, WireLink, WireSpan
 from ._common import _CACHE_MAX, _INT64_MIN, _STACKTRACE_MAX, REDACTED, logger, stats
 from .convert import _cut_str, _qualified_type, _safe_str, placeholder
 from .policy import Policy, policy
-from .walk import _big_int, _dumps, _preview
+from .walk import _big_int, _dumps, _preview, dumps_steps
 
 if TYPE_CHECKING:
     from .._config import Config
@@ -251,10 +251,12 @@ def finish(
     output: tuple[bool, Any],
     pol: Policy,
     max_span_bytes: int,
+    bodies: tuple[bytes, bytes] | None = None,
 ) -> WireSpan:
-    """Serialize the payloads into ``wire`` and apply the per-span cap."""
+    """Serialize the payloads into ``wire`` and apply the per-span cap. ``bodies``: the
+    payloads' JSON, when it was written already (b"" for one that is absent)."""
     attrs = wire.attributes
-    for key, mime, body in finish_payloads(wire, inputs, output, pol, max_span_bytes):
+    for key, mime, body in finish_payloads(wire, inputs, output, pol, max_span_bytes, bodies):
         attrs.append((key, body.decode("utf-8")))
         attrs.append((mime, JSON_MIME))
     return wire
@@ -266,14 +268,20 @@ def finish_payloads(
     output: tuple[bool, Any],
     pol: Policy,
     max_span_bytes: int,
+    bodies: tuple[bytes, bytes] | None = None,
 ) -> list[tuple[str, str, bytes]]:
     """The payloads :func:`finish` adds to ``wire``, as (key, mime-type key, JSON), cut to
     the per-span cap: for an encoder that writes the JSON as it is."""
     payloads: list[tuple[str, str, bytes]] = []
+    if bodies is None:
+        bodies = (
+            _dumps(inputs[1], pol) if inputs[0] else b"",
+            _dumps(output[1], pol) if output[0] else b"",
+        )
     if inputs[0]:
-        payloads.append((INPUT_VALUE, INPUT_MIME_TYPE, _dumps(inputs[1], pol)))
+        payloads.append((INPUT_VALUE, INPUT_MIME_TYPE, bodies[0]))
     if output[0]:
-        payloads.append((OUTPUT_VALUE, OUTPUT_MIME_TYPE, _dumps(output[1], pol)))
+        payloads.append((OUTPUT_VALUE, OUTPUT_MIME_TYPE, bodies[1]))
     if not payloads:
         return payloads
     text_len = 0
@@ -316,7 +324,24 @@ def to_wire(span: Span, cfg: Config) -> WireSpan:
     try:
         return finish(*prepare(span, cfg))
     except Exception as exc:
-        from .._errors import internal_error
+        return _failed(span, exc)
 
-        internal_error("serialize.to_wire", exc)
-        return _wire_for(span, [("looptrace.serialization_error", _qualified_type(exc))], [], [])
+
+def to_wire_steps(span: Span, cfg: Config) -> Generator[None, None, WireSpan]:
+    """:func:`to_wire` as a generator that returns the WireSpan, writing each payload with
+    :func:`~looptrace._serialize.walk.dumps_steps` (so long JSON is several steps). Never
+    raises."""
+    try:
+        wire, inputs, output, pol, max_span_bytes = prepare(span, cfg)
+        body_in = (yield from dumps_steps(inputs[1], pol)) if inputs[0] else b""
+        body_out = (yield from dumps_steps(output[1], pol)) if output[0] else b""
+        return finish(wire, inputs, output, pol, max_span_bytes, (body_in, body_out))
+    except Exception as exc:
+        return _failed(span, exc)
+
+
+def _failed(span: Span, exc: Exception) -> WireSpan:
+    from .._errors import internal_error
+
+    internal_error("serialize.to_wire", exc)
+    return _wire_for(span, [("looptrace.serialization_error", _qualified_type(exc))], [], [])

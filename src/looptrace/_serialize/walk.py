@@ -14,9 +14,11 @@ import orjson
 from ._common import (
     _INT64_MIN,
     _OPTS,
+    _STEP_FROM_BYTES,
     _STR_KEY_OPTS,
     _UINT64_MAX,
     REDACTED,
+    STEP_BYTES,
     TRUNCATED_KEY,
     stats,
 )
@@ -196,18 +198,22 @@ def _dumps(value: Any, pol: Policy, keys_clean: bool = False) -> bytes:
 
 
 def dumps_steps(
-    value: Any, pol: Policy, keys_clean: bool, step_bytes: int
+    value: Any, pol: Policy, keys_clean: bool = False, step_bytes: int = STEP_BYTES
 ) -> Generator[None, None, bytes]:
-    """:func:`_dumps` as a generator that returns the bytes, yielding once orjson has written
-    them and between steps of about ``step_bytes`` of the scan for secret keys: for a value
-    whose JSON is long, so that an event loop runs other tasks between the steps."""
+    """:func:`_dumps` as a generator that returns the bytes. For long JSON it yields once
+    orjson has written it and between steps of about ``step_bytes`` of the scan for secret
+    keys, so that an event loop runs other tasks between the steps; short JSON is one step."""
     out = _fast(value, pol, keys_clean)
     if out is not None and len(out) <= pol.max_value_bytes:
         if keys_clean or not pol.redact:
             return out
-        yield
-        if not (yield from pol.maybe_secret_steps(out, step_bytes)):
-            return out
+        if len(out) < _STEP_FROM_BYTES:
+            if not pol.maybe_secret(out):
+                return out
+        else:
+            yield
+            if not (yield from pol.maybe_secret_steps(out, step_bytes)):
+                return out
     return _careful(value, pol, out)
 
 
