@@ -2,8 +2,9 @@
 
 Each round starts a fresh interpreter that imports looptrace, decorates a coroutine (as a module
 does at import time), then awaits it 100 times on one event loop, timing each call; spans go to
-a local store in a temporary folder. The first call is the one that used to pay looptrace's
-start-up (its imports, the redaction patterns, the pipeline).
+a local store in a temporary folder, or (the second row) to an OTLP endpoint: a minimal HTTP
+server in this process that answers 200 to every POST. The first call is the one that used to
+pay looptrace's start-up (its imports, the redaction patterns, the pipeline, the exporter).
 
     .venv/bin/python benchmarks/scenario_first_call.py [--rounds 7]
 """
@@ -11,12 +12,14 @@ start-up (its imports, the redaction patterns, the pipeline).
 from __future__ import annotations
 
 import argparse
+import http.server
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 
 CHILD = """
 import asyncio, json, time
@@ -39,29 +42,49 @@ asyncio.run(main())
 """
 
 
+class _Accept(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
-    rows: dict[str, list[float]] = {"first": [], "second": [], "hundredth": []}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Accept)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    rows: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPTRACE_")}
+        base = {k: v for k, v in os.environ.items() if not k.startswith("LOOPTRACE_")}
         for r in range(args.rounds):
-            env["LOOPTRACE_STORE"] = os.path.join(tmp, f"store-{r}.db")
-            out = subprocess.run(
-                [sys.executable, "-c", CHILD],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=120,
-            ).stdout
-            for key, value in json.loads(out).items():
-                rows[key].append(value * 1e6)
+            # Alternating, so that a burst of noise hits a round of each destination.
+            for where, extra in (
+                ("local store", {"LOOPTRACE_STORE": os.path.join(tmp, f"store-{r}.db")}),
+                ("OTLP endpoint", {"LOOPTRACE_ENDPOINT": endpoint}),
+            ):
+                out = subprocess.run(
+                    [sys.executable, "-c", CHILD],
+                    env={**base, **extra},
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    timeout=120,
+                ).stdout
+                for key, value in json.loads(out).items():
+                    rows.setdefault((where, key), []).append(value * 1e6)
+    server.shutdown()
     print(f"caller's time per traced call in a fresh process, {args.rounds} processes (us)")
-    print(f"{'call':<12}{'median':>10}{'max':>10}")
-    for key, values in rows.items():
-        print(f"{key:<12}{statistics.median(values):>10.1f}{max(values):>10.1f}")
+    print(f"{'destination':<16}{'call':<12}{'median':>10}{'max':>10}")
+    for (where, key), values in rows.items():
+        print(f"{where:<16}{key:<12}{statistics.median(values):>10.1f}{max(values):>10.1f}")
 
 
 if __name__ == "__main__":
