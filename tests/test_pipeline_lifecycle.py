@@ -388,6 +388,34 @@ def test_asyncio_run_ending_at_any_step_of_a_drain_loses_no_span(
     assert server.accepted_span_count == 20
 
 
+@pytest.mark.parametrize("turns", [4, 10, 20, 40])
+def test_asyncio_run_ending_while_a_batch_is_encoded_loses_no_span(
+    server: OtlpTestServer, monkeypatch: pytest.MonkeyPatch, turns: int
+) -> None:
+    """A batch whose encoding the end of ``asyncio.run`` interrupts (the flusher yields
+    between spans) goes back as spans, and the private thread encodes and sends it: every span
+    arrives, in requests that hold them all (none empty)."""
+    monkeypatch.setattr(_export.exporter, "SLICE_SECONDS", 0.0)  # a pause after every span
+    use(server, flush_interval=30.0, max_batch_spans=20)
+
+    async def main() -> None:
+        with looptrace.span("first"):
+            pass
+        for _ in range(5):  # the flusher starts on this loop and waits for a batch
+            await asyncio.sleep(0)
+        for i in range(19):
+            with looptrace.span(f"s{i}"):
+                pass
+        for _ in range(turns):  # 20 spans, three turns a pause: the end falls mid-batch
+            await asyncio.sleep(0)
+
+    asyncio.run(main())
+    result = looptrace.flush_sync(5)
+    assert result.ok, result
+    assert server.accepted_span_count == 20
+    assert all(r.spans for r in server.requests)
+
+
 def test_asyncio_run_ending_while_a_split_batch_waits_for_a_slot_loses_no_span(
     server: OtlpTestServer,
 ) -> None:

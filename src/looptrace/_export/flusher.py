@@ -317,13 +317,14 @@ class Flusher:
                 return
             await slots.acquire()
             batch = self.buffer.take_retry()
-            if batch is not None:
-                self._spawn(home, batch)
-                continue
-            batch = self.buffer.take(cfg.max_batch_spans, cfg.max_batch_bytes, end)
             if batch is None:
-                slots.release()
-                return
+                batch = self.buffer.take(cfg.max_batch_spans, cfg.max_batch_bytes, end)
+                if batch is None:
+                    slots.release()
+                    return
+            elif batch.spans is None:
+                self._spawn(home, batch)  # encoded: a send that failed, or one never begun
+                continue
             try:
                 parts = await self._encode(batch)
             except BaseException:
@@ -348,7 +349,14 @@ class Flusher:
         """The exporter encodes each span (in ~1 ms slices); split by exact size."""
         spans = batch.spans or []
         batch.spans = None
-        chunks = await self.exporter.encode(spans)
+        try:
+            chunks = await self.exporter.encode(spans)
+        except BaseException:
+            # Not encoded (the loop is ending, mid-slice): it goes back as spans, and a later
+            # drain encodes it. Handed back with neither, it went out as a request of no spans
+            # and counted as sent.
+            batch.spans = spans
+            raise
         lost = sum(1 for c in chunks if c is None)
         if lost:
             self.buffer.count_drop("rejected", lost)
