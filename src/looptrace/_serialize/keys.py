@@ -146,13 +146,18 @@ class KeyEnds:
                 self._finish(rebuilt, repeated)
                 return True
             if len(raw) <= _KNOWN_KEY_BYTES:
-                if raw in met or raw in seen or raw in known:
+                if raw in known:
+                    # Compiled in: it came back because a step's end cut it from the pattern's
+                    # view. A scan in small steps is not a scan of keys that never repeat.
+                    continue
+                if raw in met or raw in seen:
                     repeated[raw] = None
                     if not rebuilt:
                         stale += 1
                         if stale >= _STALE_REBUILD:
                             met.update(repeated)
                             pattern = self._learn(met)
+                            known = self._state[0]
                             rebuilt = True
                         continue
                 else:
