@@ -22,6 +22,7 @@ from looptrace._encode import CLEAN, HOOKED, LARGE, OFFLOAD, SpanEncoder
 from looptrace._serialize import REDACTED, to_wire
 from looptrace.collector.decode import decode_request
 from looptrace.testing import capture_spans
+from steps_support import run_steps
 
 CFG = Config()
 
@@ -235,14 +236,7 @@ def rows(n: int, **extra: Any) -> list[dict[str, Any]]:
 
 def steps_of(enc: SpanEncoder, span: Span, flags: int) -> tuple[bytes, int]:
     """What :meth:`SpanEncoder.steps` returns, and how many times it yielded on the way."""
-    gen = enc.steps(span, flags)
-    yields = 0
-    while True:
-        try:
-            next(gen)
-        except StopIteration as done:
-            return done.value, yields
-        yields += 1
+    return run_steps(enc.steps(span, flags))
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,7 @@ from looptrace._store import Store
 from looptrace._transport import RetryPolicy
 from looptrace._wire import WireEvent, WireLink, WireSpan
 from looptrace.collector.decode import decode_request
+from steps_support import LoopTurns
 
 FAST_RETRY = RetryPolicy(base_delay=0.01, max_delay=0.05, budget=10.0)
 NOW = 1_700_000_000_000_000_000
@@ -351,23 +352,10 @@ async def test_every_exporter_writes_a_large_structure_in_steps(
     else:
         exporter = OtlpHttpExporter(cfg)
     exporter.load()
-    ticks = 0
-
-    async def ticker(stop: asyncio.Event) -> None:
-        nonlocal ticks
-        while not stop.is_set():
-            await asyncio.sleep(0)
-            ticks += 1
-
-    stop = asyncio.Event()
-    tick = asyncio.ensure_future(ticker(stop))
-    await asyncio.sleep(0)
-    (chunk,) = await exporter.encode([span])
-    during = ticks
-    stop.set()
-    await tick
+    async with LoopTurns() as turns:
+        (chunk,) = await exporter.encode([span])
     # Orjson's pass and four steps of the scan at least, each followed by three turns.
-    assert during >= 5 * 3
+    assert turns.count >= 5 * 3
     if kind.startswith("otlp"):
         whole = exporter.span_encoder.encode(span, exporter.span_encoder.plan(span))
     else:

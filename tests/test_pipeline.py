@@ -28,6 +28,7 @@ from looptrace._transport import (
 )
 from otlp_server import OtlpTestServer
 from pipeline_support import checked_server, install_pipeline, make_spans
+from steps_support import LoopTurns
 
 FAST_RETRY = RetryPolicy(base_delay=0.01, max_delay=0.05, budget=10.0)
 use = functools.partial(install_pipeline, retry=FAST_RETRY)
@@ -246,27 +247,16 @@ async def test_flusher_runs_on_the_running_loop_in_short_slices(
     so another task gets a turn at least once per span encoded."""
     monkeypatch.setattr(_export.exporter, "SLICE_SECONDS", 0.0)
     use(server, max_batch_spans=500)
-    ticks = 0
-
-    async def ticker(stop: asyncio.Event) -> None:
-        nonlocal ticks
-        while not stop.is_set():
-            await asyncio.sleep(0)
-            ticks += 1
-
     make_spans(500, payload="p" * 100)
-    stop = asyncio.Event()
-    tick = asyncio.ensure_future(ticker(stop))
-    assert (await looptrace.flush(10)).ok
-    stop.set()
-    await tick
+    async with LoopTurns() as turns:
+        assert (await looptrace.flush(10)).ok
     pipeline = _export.current()
     assert pipeline is not None
     assert pipeline._home is not None
     assert not pipeline._home.private
     assert pipeline._home.thread_id == threading.get_ident()
     assert server.accepted_span_count == 500
-    assert ticks >= 500
+    assert turns.count >= 500
 
 
 async def test_a_large_structure_is_written_in_steps_that_yield_to_the_loop(
@@ -279,39 +269,30 @@ async def test_a_large_structure_is_written_in_steps_that_yield_to_the_loop(
     monkeypatch.setattr(_export.exporter, "SLICE_SECONDS", 0.0)
     use(server)
     rows = [{"id": i, "name": f"item-{i}", "meta": {"rank": i % 7}} for i in range(8_000)]
-    ticks = 0
-    # The ticker's turns when the flusher began the span (planned it) and when it put the
+    turns = LoopTurns()
+    # The loop's turns when the flusher began the span (planned it) and when it put the
     # encoded span together.
     seen: list[int] = []
     plan, encode = SpanEncoder.plan, SpanEncoder.encode
 
     def planned(self: SpanEncoder, span: Span) -> int:
-        seen.append(ticks)
+        seen.append(turns.count)
         return plan(self, span)
 
     def encoded(self: SpanEncoder, span: Span, flags: int, bodies: Any = None) -> bytes:
-        seen.append(ticks)
+        seen.append(turns.count)
         return encode(self, span, flags, bodies)
 
     monkeypatch.setattr(SpanEncoder, "plan", planned)
     monkeypatch.setattr(SpanEncoder, "encode", encoded)
-
-    async def ticker(stop: asyncio.Event) -> None:
-        nonlocal ticks
-        while not stop.is_set():
-            await asyncio.sleep(0)
-            ticks += 1
 
     @looptrace.traced
     async def load(rows: list[dict[str, Any]]) -> int:
         return len(rows)
 
     await load(rows)
-    stop = asyncio.Event()
-    tick = asyncio.ensure_future(ticker(stop))
-    assert (await looptrace.flush(10)).ok
-    stop.set()
-    await tick
+    async with turns:
+        assert (await looptrace.flush(10)).ok
     (span,) = server.accepted_spans()
     values = {kv.key: kv.value.string_value for kv in span.attributes}
     assert len(values["input.value"]) > 4 * 64 * 1024

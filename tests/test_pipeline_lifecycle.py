@@ -361,6 +361,19 @@ def test_asyncio_run_ends_right_after_a_span(
         assert bad not in proc.stderr, proc.stderr
 
 
+async def _a_batch_then(turns: int) -> None:
+    """Twenty spans, the batch size, then the program ends ``turns`` loop turns later."""
+    with looptrace.span("first"):
+        pass
+    for _ in range(5):  # the flusher starts on this loop and waits for a batch
+        await asyncio.sleep(0)
+    for i in range(19):
+        with looptrace.span(f"s{i}"):
+            pass
+    for _ in range(turns):
+        await asyncio.sleep(0)
+
+
 @pytest.mark.parametrize("steps", range(10))
 def test_asyncio_run_ending_at_any_step_of_a_drain_loses_no_span(
     server: OtlpTestServer, steps: int
@@ -370,19 +383,7 @@ def test_asyncio_run_ending_at_any_step_of_a_drain_loses_no_span(
     left in flight forever. The program ends ``steps`` loop turns after the span that
     completes a batch, so one of them ends it in the turn the flusher starts a request."""
     use(server, flush_interval=30.0, max_batch_spans=20)
-
-    async def main() -> None:
-        with looptrace.span("first"):
-            pass
-        for _ in range(5):  # the flusher starts on this loop and waits for a batch
-            await asyncio.sleep(0)
-        for i in range(19):
-            with looptrace.span(f"s{i}"):
-                pass
-        for _ in range(steps):
-            await asyncio.sleep(0)
-
-    asyncio.run(main())
+    asyncio.run(_a_batch_then(steps))
     result = looptrace.flush_sync(5)
     assert result.ok, result
     assert server.accepted_span_count == 20
@@ -397,19 +398,8 @@ def test_asyncio_run_ending_while_a_batch_is_encoded_loses_no_span(
     arrives, in requests that hold them all (none empty)."""
     monkeypatch.setattr(_export.exporter, "SLICE_SECONDS", 0.0)  # a pause after every span
     use(server, flush_interval=30.0, max_batch_spans=20)
-
-    async def main() -> None:
-        with looptrace.span("first"):
-            pass
-        for _ in range(5):  # the flusher starts on this loop and waits for a batch
-            await asyncio.sleep(0)
-        for i in range(19):
-            with looptrace.span(f"s{i}"):
-                pass
-        for _ in range(turns):  # 20 spans, three turns a pause: the end falls mid-batch
-            await asyncio.sleep(0)
-
-    asyncio.run(main())
+    # 20 spans, three turns a pause: the end falls while the batch is encoded.
+    asyncio.run(_a_batch_then(turns))
     result = looptrace.flush_sync(5)
     assert result.ok, result
     assert server.accepted_span_count == 20

@@ -42,6 +42,7 @@ from looptrace._semconv import (
 )
 from looptrace._serialize import REDACTED, estimate_size, to_json, to_wire
 from looptrace.testing import capture_spans
+from steps_support import run_steps
 
 CFG = Config()
 
@@ -655,14 +656,7 @@ def test_key_scan_failing_falls_back_to_the_word_scan(monkeypatch: pytest.Monkey
 
 def scan_in_steps(pol: _serialize.Policy, out: bytes, step_bytes: int) -> tuple[bool, int]:
     """``maybe_secret_steps`` run to its answer, with the number of steps it yielded after."""
-    gen = pol.maybe_secret_steps(out, step_bytes)
-    yields = 0
-    while True:
-        try:
-            next(gen)
-        except StopIteration as done:
-            return done.value, yields
-        yields += 1
+    return run_steps(pol.maybe_secret_steps(out, step_bytes))
 
 
 def test_key_scan_in_steps_finds_a_secret_key_wherever_a_step_ends() -> None:
