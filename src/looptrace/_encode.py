@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from . import _otlp, _serialize
 from ._capture.spans import UNSET, CallSite, Span
 from ._semconv import INPUT_MIME_TYPE, INPUT_VALUE, OUTPUT_MIME_TYPE, OUTPUT_VALUE
-from ._wire import AttrValue
+from ._wire import AttrValue, WireSpan
 
 if TYPE_CHECKING:
     from ._config import Config
@@ -223,15 +223,17 @@ class SpanEncoder:
         span with a hook (which runs once, in the general route) or that the general route
         writes anyway takes the general route's steps."""
         if flags & HOOKED or not self._direct(span):
-            wire = yield from _serialize.to_wire_steps(span, self.cfg)
+            wire = _serialize.to_wire_or_steps(span, self.cfg)
+            if not isinstance(wire, WireSpan):
+                wire = yield from wire
             return _otlp.encode_span(wire, self.encoding)
         pol, clean = self.pol, flags & CLEAN != 0
-        body_in = body_out = b""
-        if span.inputs is not UNSET:
-            body_in = yield from _serialize.dumps_steps(span.inputs, pol, clean)
-        if span.output is not UNSET:
-            body_out = yield from _serialize.dumps_steps(span.output, pol, clean)
-        return self.encode(span, flags, (body_in, body_out))
+        bodies = [b"", b""]
+        for i, value in enumerate((span.inputs, span.output)):
+            if value is not UNSET:
+                body = _serialize.dumps_or_steps(value, pol, clean)
+                bodies[i] = body if isinstance(body, bytes) else (yield from body)
+        return self.encode(span, flags, (bodies[0], bodies[1]))
 
     def _direct(self, span: Span) -> bool:
         """Whether :meth:`encode` writes ``span`` itself rather than through a WireSpan."""

@@ -23,6 +23,7 @@ from collections.abc import Callable, Generator, Sequence, Sized
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from .._errors import report_internal
+from .._wire import WireSpan
 
 if TYPE_CHECKING:
     from .._capture.spans import Span
@@ -163,27 +164,33 @@ class Slices:
 
     async def run(self, steps: Generator[None, None, _T]) -> _T:
         """The result of a computation that yields between its steps, run step by step
-        inside the slices: a pause falls between two steps when the next would end the slice."""
+        inside the slices: a pause falls between two steps when the next would end the slice
+        (the caller judges the slice before the first step and after the last, as for any
+        span)."""
         while True:
-            if self.due():
-                await self.pause()
             try:
                 next(steps)
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
+            if self.due():
+                await self.pause()
 
 
 async def encode_each(
-    spans: Sequence[Span], steps: Callable[[Span], Generator[None, None, Sized]]
+    spans: Sequence[Span],
+    wire: Callable[[Span], WireSpan | Generator[None, None, WireSpan]],
+    chunk: Callable[[WireSpan], Sized],
 ) -> list[Sized | None]:
-    """Each span's chunk, from ``steps`` (a generator that returns it, yielding between the
-    steps of a long serialization), in :class:`Slices`; None (reported) for a span it could
-    not encode. The loop of an exporter whose every span takes the same route."""
+    """Each span's chunk: ``chunk`` of the WireSpan that ``wire`` makes of it (at once, or
+    for a span with long JSON as a generator that yields between its steps), in
+    :class:`Slices`; None (reported) for a span it could not encode. The loop of an exporter
+    whose every span takes the general route."""
     chunks: list[Sized | None] = [None] * len(spans)
     slices = Slices()
     for i, span in enumerate(spans):
         try:
-            chunks[i] = await slices.run(steps(span))
+            made = wire(span)
+            chunks[i] = chunk(made if isinstance(made, WireSpan) else await slices.run(made))
         except Exception as exc:
             report_internal("pipeline.encode", exc)
         if slices.due():

@@ -5,7 +5,7 @@ outcomes (default: sent)."""
 from __future__ import annotations
 
 import collections
-from collections.abc import Generator, Iterable, Sequence, Sized
+from collections.abc import Iterable, Sequence, Sized
 from typing import TYPE_CHECKING
 
 from .._wire import WireSpan
@@ -47,21 +47,21 @@ class InMemoryExporter:
         from .. import _serialize
 
         self._to_wire = _serialize.to_wire
-        self._to_wire_steps = _serialize.to_wire_steps
+        self._to_wire_or_steps = _serialize.to_wire_or_steps
         self._estimate = _serialize.estimate_size
 
     def estimate(self, span: Span) -> int:
         return self._estimate(span)
 
     async def encode(self, spans: Sequence[Span]) -> list[Sized | None]:
-        return await encode_each(spans, self._steps)
-
-    def _steps(self, span: Span) -> Generator[None, None, Sized]:
-        wire = yield from self._to_wire_steps(span, self.cfg)
-        return _Wired(wire, wire.weight())
+        cfg, wire = self.cfg, self._to_wire_or_steps
+        return await encode_each(spans, lambda span: wire(span, cfg), self._wired)
 
     def encode_open(self, span: Span) -> Sized:
-        wire = self._to_wire(span, self.cfg)
+        return self._wired(self._to_wire(span, self.cfg))
+
+    @staticmethod
+    def _wired(wire: WireSpan) -> Sized:
         return _Wired(wire, wire.weight())
 
     def alone(self, chunk: Sized) -> bool:

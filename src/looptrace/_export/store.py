@@ -14,7 +14,7 @@ import os
 import sqlite3
 import sys
 import threading
-from collections.abc import Generator, Sequence, Sized
+from collections.abc import Sequence, Sized
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +53,7 @@ class StoreExporter:
         self.path = Path(cfg.store_path)
         self._estimate: Any = None
         self._to_wire: Any = None
-        self._to_wire_steps: Any = None
+        self._to_wire_or_steps: Any = None
 
     def __repr__(self) -> str:
         return f"StoreExporter({str(self.path)!r})"
@@ -70,16 +70,14 @@ class StoreExporter:
         self._scope = (resource.scope_name, resource.scope_version)
         self._estimate = _serialize.estimate_size
         self._to_wire = _serialize.to_wire
-        self._to_wire_steps = _serialize.to_wire_steps
+        self._to_wire_or_steps = _serialize.to_wire_or_steps
 
     def estimate(self, span: Span) -> int:
         return int(self._estimate(span))
 
     async def encode(self, spans: Sequence[Span]) -> list[Sized | None]:
-        return await encode_each(spans, self._steps)
-
-    def _steps(self, span: Span) -> Generator[None, None, Sized]:
-        return self._row((yield from self._to_wire_steps(span, self.cfg)))
+        cfg, wire = self.cfg, self._to_wire_or_steps
+        return await encode_each(spans, lambda span: wire(span, cfg), self._row)
 
     def encode_open(self, span: Span) -> Sized:
         return self._row(self._to_wire(span, self.cfg))

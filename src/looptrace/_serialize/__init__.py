@@ -33,9 +33,9 @@ from .spans import (
     finish_payloads,
     prepare,
     to_wire,
-    to_wire_steps,
+    to_wire_or_steps,
 )
-from .walk import _dumps, dumps_steps, snapshot, to_json
+from .walk import _dumps, dumps_or_steps, snapshot, to_json
 
 __all__ = [
     "REDACTED",
@@ -49,7 +49,7 @@ __all__ = [
     "capped",
     "complete",
     "counted",
-    "dumps_steps",
+    "dumps_or_steps",
     "estimate_size",
     "finish",
     "finish_payloads",
@@ -63,5 +63,5 @@ __all__ = [
     "stats",
     "to_json",
     "to_wire",
-    "to_wire_steps",
+    "to_wire_or_steps",
 ]

@@ -38,7 +38,7 @@ def counted() -> Iterator[Counter[str]]:
 
 _T = TypeVar("_T")
 
-# A serialization that yields (``dumps_steps``, ``to_wire_steps``) scans long JSON for secret
+# A serialization in steps (``dumps_or_steps``, ``to_wire_or_steps``) scans long JSON for secret
 # keys in steps of about this much text: 64 KiB take 0.1-0.2 ms.
 STEP_BYTES = 64 * 1024
 # Below this much JSON the scan that follows orjson is short enough to share orjson's step.

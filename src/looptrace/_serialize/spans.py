@@ -27,7 +27,7 @@ from .._wire import Attributes, AttrValue, WireEvent, WireLink, WireSpan
 from ._common import _CACHE_MAX, _INT64_MIN, _STACKTRACE_MAX, REDACTED, logger, stats
 from .convert import _cut_str, _qualified_type, _safe_str, placeholder
 from .policy import Policy, policy
-from .walk import _big_int, _dumps, _preview, dumps_steps
+from .walk import _big_int, _dumps, _preview, dumps_or_steps
 
 if TYPE_CHECKING:
     from .._config import Config
@@ -327,14 +327,46 @@ def to_wire(span: Span, cfg: Config) -> WireSpan:
         return _failed(span, exc)
 
 
-def to_wire_steps(span: Span, cfg: Config) -> Generator[None, None, WireSpan]:
-    """:func:`to_wire` as a generator that returns the WireSpan, writing each payload with
-    :func:`~looptrace._serialize.walk.dumps_steps` (so long JSON is several steps). Never
-    raises."""
+Bodies = tuple[bytes | Generator[None, None, bytes], bytes | Generator[None, None, bytes] | None]
+
+
+def to_wire_or_steps(span: Span, cfg: Config) -> WireSpan | Generator[None, None, WireSpan]:
+    """:func:`to_wire`'s WireSpan; or, when a payload's JSON is long enough to scan in steps
+    (:func:`~looptrace._serialize.walk.dumps_or_steps`), a generator that returns it, yielding
+    between the steps. Short spans, the common case, cost no generator. Never raises."""
     try:
         wire, inputs, output, pol, max_span_bytes = prepare(span, cfg)
-        body_in = (yield from dumps_steps(inputs[1], pol)) if inputs[0] else b""
-        body_out = (yield from dumps_steps(output[1], pol)) if output[0] else b""
+        body_in = dumps_or_steps(inputs[1], pol) if inputs[0] else b""
+        if not isinstance(body_in, bytes):
+            return _wire_in_steps(
+                span, (wire, inputs, output, pol, max_span_bytes), (body_in, None)
+            )
+        body_out = dumps_or_steps(output[1], pol) if output[0] else b""
+        if not isinstance(body_out, bytes):
+            return _wire_in_steps(
+                span, (wire, inputs, output, pol, max_span_bytes), (body_in, body_out)
+            )
+        return finish(wire, inputs, output, pol, max_span_bytes, (body_in, body_out))
+    except Exception as exc:
+        return _failed(span, exc)
+
+
+def _wire_in_steps(
+    span: Span,
+    prepared: tuple[WireSpan, tuple[bool, Any], tuple[bool, Any], Policy, int],
+    bodies: Bodies,
+) -> Generator[None, None, WireSpan]:
+    """The rest of :func:`to_wire_or_steps` once a payload needs steps: the output is written
+    only after the input's steps (None until then)."""
+    wire, inputs, output, pol, max_span_bytes = prepared
+    body_in, body_out = bodies
+    try:
+        if not isinstance(body_in, bytes):
+            body_in = yield from body_in
+        if body_out is None:
+            body_out = dumps_or_steps(output[1], pol) if output[0] else b""
+        if not isinstance(body_out, bytes):
+            body_out = yield from body_out
         return finish(wire, inputs, output, pol, max_span_bytes, (body_in, body_out))
     except Exception as exc:
         return _failed(span, exc)

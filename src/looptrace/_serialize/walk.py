@@ -197,24 +197,30 @@ def _dumps(value: Any, pol: Policy, keys_clean: bool = False) -> bytes:
     return _careful(value, pol, out)
 
 
-def dumps_steps(
+def dumps_or_steps(
     value: Any, pol: Policy, keys_clean: bool = False, step_bytes: int = STEP_BYTES
-) -> Generator[None, None, bytes]:
-    """:func:`_dumps` as a generator that returns the bytes. For long JSON it yields once
-    orjson has written it and between steps of about ``step_bytes`` of the scan for secret
-    keys, so that an event loop runs other tasks between the steps; short JSON is one step."""
+) -> bytes | Generator[None, None, bytes]:
+    """:func:`_dumps`'s bytes; or, when the JSON is long enough to scan for secret keys in
+    steps, a generator that returns them, yielding first (orjson's pass was a step) and then
+    between steps of about ``step_bytes`` of the scan, so that an event loop runs other tasks
+    in between. Short JSON, the common case, costs no generator."""
     out = _fast(value, pol, keys_clean)
-    if out is not None and len(out) <= pol.max_value_bytes:
-        if keys_clean or not pol.redact:
-            return out
-        if len(out) < _STEP_FROM_BYTES:
-            if not pol.maybe_secret(out):
-                return out
-        else:
-            yield
-            if not (yield from pol.maybe_secret_steps(out, step_bytes)):
-                return out
-    return _careful(value, pol, out)
+    if out is None or len(out) > pol.max_value_bytes:
+        return _careful(value, pol, out)
+    if keys_clean or not pol.redact:
+        return out
+    if len(out) >= _STEP_FROM_BYTES:
+        return _scanned_in_steps(value, pol, out, step_bytes)
+    return _careful(value, pol, out) if pol.maybe_secret(out) else out
+
+
+def _scanned_in_steps(
+    value: Any, pol: Policy, out: bytes, step_bytes: int
+) -> Generator[None, None, bytes]:
+    yield
+    if (yield from pol.maybe_secret_steps(out, step_bytes)):
+        return _careful(value, pol, out)
+    return out
 
 
 def _fast(value: Any, pol: Policy, keys_clean: bool) -> bytes | None:
