@@ -11,7 +11,8 @@ inline-only, the OpenTelemetry SDK (BatchSpanProcessor + OTLP/HTTP exporter) rec
 same attributes, and LangSmith's SDK (``@traceable`` with its client's background thread, as
 shipped) when ``langsmith`` is installed: it sends to a mock of LangSmith's API in another
 process (``GET /info``, ``POST /runs/multipart`` with zstd, as the real service offers, and
-``POST /runs/batch``), which counts the runs it receives. A ticker measures event-loop lag every millisecond; the producer's per-call
+``POST /runs/batch``), which counts the runs it receives. The OTLP sink keeps connections alive
+(HTTP/1.1), as OTLP receivers do, so no client pays a connection per request. A ticker measures event-loop lag every millisecond; the producer's per-call
 time is measured around each ``await``. The OTLP sink runs in a separate process (decoding
 250 MB of protobuf in this one would steal the GIL and blur the numbers). A control row, "bytes
 moved, no tracing", runs the untraced baseline while another process sends the same requests:
@@ -69,6 +70,10 @@ def sink_main() -> None:
     lock = threading.Lock()
 
     class Handler(http.server.BaseHTTPRequestHandler):
+        # Keep-alive, as OTLP receivers (the Collector, `looptrace serve`) do: an HTTP/1.0
+        # sink closes every connection, and each client paid a connection per request.
+        protocol_version = "HTTP/1.1"
+
         def do_POST(self) -> None:
             # In reads of 256 KiB: one recv of a 2.5 MB body is a system call the kernel
             # (built without preemption here) runs to the end, so even at SCHED_IDLE the sink
