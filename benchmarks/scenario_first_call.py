@@ -2,8 +2,8 @@
 
 Each round starts a fresh interpreter that imports looptrace, decorates a coroutine (as a module
 does at import time), then awaits it 100 times on one event loop, timing each call; spans go to
-a local store in a temporary folder, or (the second row) to an OTLP endpoint: a minimal HTTP
-server in this process that answers 200 to every POST. The first call is the one that used to
+a local store in a temporary folder, or (the second row) to an OTLP endpoint: the tests' OTLP
+server, in a process of its own. The first call is the one that used to
 pay looptrace's start-up (its imports, the redaction patterns, the pipeline, the exporter).
 
     .venv/bin/python benchmarks/scenario_first_call.py [--rounds 7]
@@ -12,14 +12,17 @@ pay looptrace's start-up (its imports, the redaction patterns, the pipeline, the
 from __future__ import annotations
 
 import argparse
-import http.server
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+
+from otlp_server import OtlpServerProcess
 
 CHILD = """
 import asyncio, json, time
@@ -42,27 +45,13 @@ asyncio.run(main())
 """
 
 
-class _Accept(http.server.BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Accept)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
     rows: dict[tuple[str, str], list[float]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with OtlpServerProcess(defer_decode=True) as server, tempfile.TemporaryDirectory() as tmp:
+        endpoint = server.endpoint
         base = {k: v for k, v in os.environ.items() if not k.startswith("LOOPTRACE_")}
         for r in range(args.rounds):
             # Alternating, so that a burst of noise hits a round of each destination.
@@ -80,7 +69,6 @@ def main() -> None:
                 ).stdout
                 for key, value in json.loads(out).items():
                     rows.setdefault((where, key), []).append(value * 1e6)
-    server.shutdown()
     print(f"caller's time per traced call in a fresh process, {args.rounds} processes (us)")
     print(f"{'destination':<16}{'call':<12}{'median':>10}{'max':>10}")
     for (where, key), values in rows.items():
