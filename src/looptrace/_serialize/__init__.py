@@ -20,7 +20,7 @@ attributes, payloads, events and links) and ``sizing`` (the buffer's estimate).
 
 from __future__ import annotations
 
-from ._common import REDACTED, STEP_BYTES, TRUNCATED_KEY, complete, counted, logger, stats
+from ._common import REDACTED, TRUNCATED_KEY, counted, logger, stats
 from .convert import placeholder
 from .policy import Policy, has_policy, policy
 from .sizing import estimate_size, leaf_size
@@ -39,7 +39,6 @@ from .walk import _dumps, dumps_or_steps, snapshot, to_json
 
 __all__ = [
     "REDACTED",
-    "STEP_BYTES",
     "TRUNCATED_KEY",
     "Policy",
     "_attributes",
@@ -47,7 +46,6 @@ __all__ = [
     "_dumps",
     "_payloads",
     "capped",
-    "complete",
     "counted",
     "dumps_or_steps",
     "estimate_size",

@@ -327,7 +327,7 @@ def to_wire(span: Span, cfg: Config) -> WireSpan:
         return _failed(span, exc)
 
 
-Bodies = tuple[bytes | Generator[None, None, bytes], bytes | Generator[None, None, bytes] | None]
+_Body = bytes | Generator[None, None, bytes]
 
 
 def to_wire_or_steps(span: Span, cfg: Config) -> WireSpan | Generator[None, None, WireSpan]:
@@ -335,18 +335,15 @@ def to_wire_or_steps(span: Span, cfg: Config) -> WireSpan | Generator[None, None
     (:func:`~looptrace._serialize.walk.dumps_or_steps`), a generator that returns it, yielding
     between the steps. Short spans, the common case, cost no generator. Never raises."""
     try:
-        wire, inputs, output, pol, max_span_bytes = prepare(span, cfg)
+        prepared = prepare(span, cfg)
+        _, inputs, output, pol, _ = prepared
         body_in = dumps_or_steps(inputs[1], pol) if inputs[0] else b""
         if not isinstance(body_in, bytes):
-            return _wire_in_steps(
-                span, (wire, inputs, output, pol, max_span_bytes), (body_in, None)
-            )
+            return _wire_in_steps(span, prepared, body_in, None)  # the output after its steps
         body_out = dumps_or_steps(output[1], pol) if output[0] else b""
         if not isinstance(body_out, bytes):
-            return _wire_in_steps(
-                span, (wire, inputs, output, pol, max_span_bytes), (body_in, body_out)
-            )
-        return finish(wire, inputs, output, pol, max_span_bytes, (body_in, body_out))
+            return _wire_in_steps(span, prepared, body_in, body_out)
+        return finish(*prepared, (body_in, body_out))
     except Exception as exc:
         return _failed(span, exc)
 
@@ -354,12 +351,12 @@ def to_wire_or_steps(span: Span, cfg: Config) -> WireSpan | Generator[None, None
 def _wire_in_steps(
     span: Span,
     prepared: tuple[WireSpan, tuple[bool, Any], tuple[bool, Any], Policy, int],
-    bodies: Bodies,
+    body_in: _Body,
+    body_out: _Body | None,
 ) -> Generator[None, None, WireSpan]:
-    """The rest of :func:`to_wire_or_steps` once a payload needs steps: the output is written
-    only after the input's steps (None until then)."""
-    wire, inputs, output, pol, max_span_bytes = prepared
-    body_in, body_out = bodies
+    """The rest of :func:`to_wire_or_steps` once a payload needs steps (``body_out`` None:
+    not written yet)."""
+    output, pol = prepared[2], prepared[3]
     try:
         if not isinstance(body_in, bytes):
             body_in = yield from body_in
@@ -367,7 +364,7 @@ def _wire_in_steps(
             body_out = dumps_or_steps(output[1], pol) if output[0] else b""
         if not isinstance(body_out, bytes):
             body_out = yield from body_out
-        return finish(wire, inputs, output, pol, max_span_bytes, (body_in, body_out))
+        return finish(*prepared, (body_in, body_out))
     except Exception as exc:
         return _failed(span, exc)
 
