@@ -25,7 +25,7 @@ import looptrace
 from looptrace import _export, _otlp, _serialize, _state
 from looptrace._capture.spans import Span
 from looptrace._encode import SpanEncoder
-from looptrace._export.exporter import SENT, Outcome
+from looptrace._export.exporter import SENT, Outcome, Slices
 from looptrace._export.memory import InMemoryExporter
 from looptrace._transport import InMemoryTransport
 
@@ -88,6 +88,16 @@ class _FreeExporter(InMemoryExporter):
 
     def estimate(self, span: Span) -> int:
         return len(CHUNK)
+
+    async def encode(self, spans: Sequence[Span]) -> list[Sized | None]:
+        # The real exporters' loop: one chunk per span, a pause whenever a slice is used up.
+        slices = Slices()
+        chunks: list[Sized | None] = []
+        for _ in spans:
+            chunks.append(CHUNK)
+            if slices.due():
+                await slices.pause()
+        return chunks
 
     def encode_open(self, span: Span) -> Sized:
         return CHUNK
