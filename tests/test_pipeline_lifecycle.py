@@ -53,13 +53,21 @@ def test_many_asyncio_runs_in_one_process(server: OtlpTestServer) -> None:
 
 
 def test_each_loop_gets_a_client_but_tls_setup_happens_once(
-    server: OtlpTestServer, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every asyncio.run needs its own HTTP client (a connection pool belongs to one loop),
-    but loading the CA bundle (tens of milliseconds of CPU) is done once per process."""
+    """Every asyncio.run needs its own HTTP connections (they belong to one loop), but
+    loading the CA bundle (tens of milliseconds of CPU) is done once per process."""
     import ssl
 
+    import trustme
+
     from looptrace import _net
+
+    ca = trustme.CA()
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(tls)
 
     built: list[object] = []
     real = ssl.create_default_context
@@ -70,20 +78,21 @@ def test_each_loop_gets_a_client_but_tls_setup_happens_once(
 
     monkeypatch.setattr(_net, "_ssl_contexts", {})
     monkeypatch.setattr(ssl, "create_default_context", counting)
-    # Plain HTTP to this machine needs no TLS at all: these clients verify as a remote
-    # endpoint's would.
-    monkeypatch.setattr(_net.HttpSettings, "verify", _net.HttpSettings.ssl_context)
-    use(server)
-    for run in range(3):
-        asyncio.run(looptrace.flush(5))  # nothing to send yet: the client is made on use
+    with checked_server(tls=tls) as server:
+        assert server.endpoint.startswith("https://")
+        use(server, certificate=str(ca_file))
+        for run in range(3):
+            asyncio.run(looptrace.flush(5))  # nothing to send yet: the client is made on use
 
-        async def work(run: int = run) -> looptrace.FlushResult:
-            make_spans(5, f"c{run}-")
-            return await looptrace.flush(5)
+            async def work(run: int = run) -> looptrace.FlushResult:
+                make_spans(5, f"c{run}-")
+                return await looptrace.flush(5)
 
-        assert asyncio.run(work()).ok
-    assert server.accepted_span_count == 15
+            assert asyncio.run(work()).ok
+        assert server.accepted_span_count == 15
+        assert server.connections_opened == 3  # one per loop, kept alive within it
     assert len(built) == 1
+    assert looptrace.statistics().internal_errors == {}
 
 
 def test_a_runner_per_test_like_pytest_asyncio(server: OtlpTestServer) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -138,6 +139,8 @@ class Config:
             self.compression in ("gzip", "zstd", "none"),
             "compression must be 'gzip', 'zstd' or 'none'",
         )
+        for name, value in self.headers.items():
+            check_header(name, value)
         if self.endpoint is not None:
             parsed = urllib.parse.urlsplit(self.endpoint)
             _check(
@@ -289,6 +292,25 @@ class Config:
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigurationError(message)
+
+
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_UNSAFE_VALUE = re.compile(r"[\r\n\0]")
+
+
+def check_header(name: str, value: str) -> None:
+    """Raise :class:`ConfigurationError` unless ``name: value`` can go in a request head as it
+    is: a line break in a value would end the head there and start a header of its own."""
+    _check(
+        type(name) is str and _TOKEN.fullmatch(name) is not None,
+        f"header name {name!r} is not a valid HTTP field name",
+    )
+    # The value itself is never shown: headers carry API keys.
+    _check(
+        type(value) is str and not _UNSAFE_VALUE.search(value) and value == value.strip(),
+        f"the value of header {name!r} must be a string with no line break, NUL or "
+        "surrounding whitespace",
+    )
 
 
 def _str(name: str, raw: str) -> str:

@@ -82,6 +82,19 @@ class HttpSettings:
     def loopback(self) -> bool:
         return is_loopback(urllib.parse.urlsplit(self.url).hostname or "")
 
+    def proxied(self) -> bool:
+        """Whether requests to this endpoint go through a proxy: the environment (or, on
+        macOS and Windows, the system settings, as httpx reads them) names one for its scheme,
+        and the endpoint is not on this machine. NO_PROXY is httpx's to apply: an endpoint it
+        exempts still goes through httpx, which then connects directly."""
+        if self.loopback:
+            return False
+        import urllib.request  # with http.client and email: not at a worker's start-up
+
+        scheme = urllib.parse.urlsplit(self.url).scheme
+        proxies = urllib.request.getproxies()
+        return bool(proxies.get(scheme) or proxies.get("all"))
+
     def verify(self) -> ssl.SSLContext | bool:
         """What the HTTP client verifies TLS with: nothing for plain HTTP to this machine (no
         proxy applies there, so no TLS is ever negotiated, and loading a CA bundle would cost

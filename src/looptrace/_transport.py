@@ -27,10 +27,10 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, NamedTuple, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
-import httpx
-
+from ._http1 import MAX_RESPONSE_BYTES, Http1Pool
+from ._http1 import Response as Response  # what every transport answers with
 from ._net import HttpSettings
 
 Verdict = Literal["ok", "retry", "split", "reject"]
@@ -40,12 +40,6 @@ _RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
 
 
 T = TypeVar("T")
-
-# A backend's answer is a status and, at most, a short message: no more of its body than this
-# is read, and the connection that carried a longer one is dropped, so a misbehaving backend,
-# proxy or load balancer cannot grow the application's memory.
-MAX_RESPONSE_BYTES = 64 * 1024
-
 
 _background: concurrent.futures.ThreadPoolExecutor | None = None
 _background_lock = threading.Lock()
@@ -98,14 +92,6 @@ async def off_loop(fn: Callable[..., T], *args: Any) -> T:
         return fn(*args)
 
 
-class Response(NamedTuple):
-    """What a backend answered."""
-
-    status: int
-    headers: Mapping[str, str]
-    body: bytes
-
-
 class Transport(Protocol):
     """Sends one encoded OTLP request body. May be called concurrently."""
 
@@ -118,13 +104,45 @@ class Transport(Protocol):
         ...
 
 
+class _Client(Protocol):
+    async def post(self, body: bytes, headers: dict[str, str]) -> Response: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _HttpxClient:
+    """Requests through httpx, for an endpoint reached through a proxy."""
+
+    def __init__(self, settings: HttpSettings) -> None:
+        # httpx imports its async backend on the first request; done here, off the loop.
+        import anyio._backends._asyncio
+        import anyio.streams.tls  # noqa: F401
+
+        self.url = settings.url
+        self.client = settings.async_client()
+
+    async def post(self, body: bytes, headers: dict[str, str]) -> Response:
+        async with self.client.stream("POST", self.url, content=body, headers=headers) as resp:
+            detail = bytearray()
+            async for part in resp.aiter_raw():
+                detail += part
+                if len(detail) >= MAX_RESPONSE_BYTES:
+                    break  # leaving the block unread closes the connection
+            return Response(resp.status_code, resp.headers, bytes(detail[:MAX_RESPONSE_BYTES]))
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
 class HttpTransport:
-    """OTLP/HTTP over an ``httpx.AsyncClient``, created on first use on the sending loop.
+    """OTLP/HTTP to ``settings.url``, over a client created on first use on the sending loop:
+    :class:`~looptrace._http1.Http1Pool` when the endpoint is reached directly, httpx when
+    the environment names a proxy for it (:meth:`HttpSettings.proxied`).
 
     ``settings`` (or a URL, with ``headers``) says where and how: the same
-    :class:`~looptrace._net.HttpSettings` a worker process builds its own client from. An
-    AsyncClient's connection pool belongs to one event loop, so each flusher home (one loop)
-    gets its own HttpTransport.
+    :class:`~looptrace._net.HttpSettings` a worker process builds its own client from. A
+    client's connections belong to one event loop, so each flusher home (one loop) gets its
+    own HttpTransport.
     """
 
     def __init__(
@@ -134,7 +152,7 @@ class HttpTransport:
             settings = HttpSettings(settings, tuple((headers or {}).items()))
         self.settings = settings
         self.url = settings.url
-        self._client: httpx.AsyncClient | None = None
+        self._client: _Client | None = None
 
     def __repr__(self) -> str:
         # Headers carry API keys: never show their values.
@@ -146,35 +164,20 @@ class HttpTransport:
         ``TimeoutError``. At most ``MAX_RESPONSE_BYTES`` of the answer's body are read."""
         client = self._client
         if client is None:
-            # Building a client loads the TLS trust store (tens to hundreds of milliseconds):
-            # done in a worker thread, never on the loop.
+            # A client for an HTTPS endpoint loads the TLS trust store (tens to hundreds of
+            # milliseconds): built in a worker thread, never on the loop.
             client = await off_loop(self._new_client)
             if self._client is None:
                 self._client = client
             else:  # another send built one meanwhile
                 await client.aclose()
                 client = self._client
-        return await asyncio.wait_for(
-            self._post(client, body, dict(headers)), self.settings.timeout
-        )
+        return await asyncio.wait_for(client.post(body, dict(headers)), self.settings.timeout)
 
-    async def _post(
-        self, client: httpx.AsyncClient, body: bytes, headers: dict[str, str]
-    ) -> Response:
-        async with client.stream("POST", self.url, content=body, headers=headers) as resp:
-            detail = bytearray()
-            async for part in resp.aiter_raw():
-                detail += part
-                if len(detail) >= MAX_RESPONSE_BYTES:
-                    break  # leaving the block unread closes the connection
-            return Response(resp.status_code, resp.headers, bytes(detail[:MAX_RESPONSE_BYTES]))
-
-    def _new_client(self) -> httpx.AsyncClient:
-        # httpx imports its async backend on the first request; do it here, off the loop.
-        import anyio._backends._asyncio
-        import anyio.streams.tls  # noqa: F401
-
-        return self.settings.async_client()
+    def _new_client(self) -> _Client:
+        if self.settings.proxied():
+            return _HttpxClient(self.settings)
+        return Http1Pool(self.settings)
 
     async def aclose(self) -> None:
         client, self._client = self._client, None

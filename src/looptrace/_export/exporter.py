@@ -59,8 +59,8 @@ class Outcome:
 
     verdict: Verdict
     error: str = ""
-    """What went wrong, short (``HTTP 503``, ``ConnectError``): rejections are logged once per
-    distinct ``error``. Never a header value."""
+    """What went wrong, short (``HTTP 503``, ``ConnectionRefusedError``): rejections are
+    logged once per distinct ``error``. Never a header value."""
     detail: str = ""
     """The destination's own words, if any (the start of an HTTP error body)."""
     retry_after: float | None = None
