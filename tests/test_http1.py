@@ -279,3 +279,34 @@ def test_headers_that_would_break_the_request_head_are_refused_at_configure(
     with pytest.raises(looptrace.ConfigurationError) as caught:
         looptrace.configure(endpoint="http://127.0.0.1:4318/v1/traces", headers=headers)
     assert "Injected" not in str(caught.value) and "v\n" not in str(caught.value)
+
+
+def test_a_directly_reached_endpoint_never_imports_httpx() -> None:
+    """httpx, httpcore and anyio (100+ ms of imports at start-up) are loaded only for an
+    endpoint behind a proxy."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, asyncio, looptrace\n"
+        "looptrace.configure(endpoint=sys.argv[1], flush_interval=0.05)\n"
+        "async def main():\n"
+        "    with looptrace.span('s'):\n"
+        "        pass\n"
+        "    assert (await looptrace.flush(10)).ok\n"
+        "asyncio.run(main())\n"
+        "print(sorted(m for m in ('httpx', 'httpcore', 'anyio') if m in sys.modules))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    with OtlpTestServer() as server:
+        out = subprocess.run(
+            [sys.executable, "-c", code, server.endpoint],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "[]"
+        assert server.accepted_span_count == 1

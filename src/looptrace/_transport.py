@@ -1,8 +1,8 @@
 """Where request bodies go: a small ``Transport`` protocol, the HTTP one, an in-memory one for
 tests, and the retry policy that decides what a response means.
 
-    Transport.send(body, headers) -> Response      (connection trouble raises OSError or
-                                                    httpx.TransportError, nothing else)
+    Transport.send(body, headers) -> Response      (connection trouble raises OSError,
+                                                    nothing else)
     RetryPolicy.classify(status) -> "ok" | "retry" | "split" | "reject"
     RetryPolicy.delay(attempt, retry_after) -> seconds (exponential, full jitter)
 
@@ -96,7 +96,7 @@ class Transport(Protocol):
     """Sends one encoded OTLP request body. May be called concurrently."""
 
     async def send(self, body: bytes, headers: Mapping[str, str]) -> Response:
-        """POST ``body``; raise ``OSError`` / ``httpx.TransportError`` when nothing was answered."""
+        """POST ``body``; raise ``OSError`` when nothing was answered."""
         ...
 
     async def aclose(self) -> None:
@@ -122,13 +122,21 @@ class _HttpxClient:
         self.client = settings.async_client()
 
     async def post(self, body: bytes, headers: dict[str, str]) -> Response:
-        async with self.client.stream("POST", self.url, content=body, headers=headers) as resp:
-            detail = bytearray()
-            async for part in resp.aiter_raw():
-                detail += part
-                if len(detail) >= MAX_RESPONSE_BYTES:
-                    break  # leaving the block unread closes the connection
-            return Response(resp.status_code, resp.headers, bytes(detail[:MAX_RESPONSE_BYTES]))
+        import httpx
+
+        try:
+            async with self.client.stream("POST", self.url, content=body, headers=headers) as resp:
+                detail = bytearray()
+                async for part in resp.aiter_raw():
+                    detail += part
+                    if len(detail) >= MAX_RESPONSE_BYTES:
+                        break  # leaving the block unread closes the connection
+                body = bytes(detail[:MAX_RESPONSE_BYTES])
+                return Response(resp.status_code, resp.headers, body)
+        except httpx.TransportError as exc:
+            # What every transport raises when nothing was answered, so that the exporter
+            # need not import httpx for the endpoints that never use it.
+            raise ConnectionError(f"{type(exc).__name__}: {exc}") from exc
 
     async def aclose(self) -> None:
         await self.client.aclose()

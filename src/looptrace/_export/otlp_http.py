@@ -18,8 +18,6 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence, Sized
 from typing import TYPE_CHECKING
 
-import httpx
-
 from .. import _errors
 from .._net import HttpSettings
 from .._transport import (
@@ -216,7 +214,7 @@ class _Session:
             self._transport = exporter._transport_factory()
         try:
             response = await self._transport.send(body, headers)
-        except (OSError, httpx.TransportError, asyncio.TimeoutError) as exc:
+        except (OSError, asyncio.TimeoutError) as exc:
             return Outcome(Verdict.RETRY, _describe(exc))
         return outcome_of(response)
 
