@@ -310,3 +310,45 @@ def test_a_directly_reached_endpoint_never_imports_httpx() -> None:
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == "[]"
         assert server.accepted_span_count == 1
+
+
+def test_an_answer_sent_before_the_body_was_read_is_the_answer() -> None:
+    """A backend with a body limit answers 413 as soon as it reads the head, then closes the
+    connection with the body unread: the exporter must see the 413 (it splits the batch), not a
+    failed connection (which it would retry with the same body until the budget ran out)."""
+    sock = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1/traces"
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                conn.sendall(
+                    b"HTTP/1.1 413 Payload Too Large\r\nConnection: close\r\n"
+                    b"Content-Length: 9\r\n\r\ntoo large"
+                )
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    async def run() -> object:
+        pool = Http1Pool(HttpSettings(url))
+        try:
+            return await asyncio.wait_for(pool.post(b"x" * (16 << 20), {}), 10)
+        except OSError as exc:
+            return exc
+        finally:
+            await pool.aclose()
+
+    try:
+        results = [asyncio.run(run()) for _ in range(3)]
+    finally:
+        sock.close()
+    assert [(getattr(r, "status", r), getattr(r, "body", r)) for r in results] == [
+        (413, b"too large")
+    ] * 3
