@@ -1,11 +1,11 @@
-"""OTLP POSTs over HTTP/1.1 on asyncio's own streams: how the application's loop talks to a
-backend it reaches directly (no proxy between them).
+"""OTLP POSTs over HTTP/1.1 on asyncio's own transports: how the application's loop talks to
+a backend it reaches directly (no proxy between them).
 
 An exporter's request is a POST of bytes it already has, and the answer it needs is a status,
 a few headers and at most a short message. httpx, over httpcore and anyio, runs about 1,500
 Python calls to send one and read its answer: 0.8-1.3 ms of CPU on the application's loop per
 request on the benchmark machine, in steps long enough to make a 1 ms timer late. This client
-writes the request head itself, hands head and body to the stream in one call, and reads the
+writes the request head itself, hands head and body to the transport, and reads the
 answer's head, then a body framed by Content-Length, by chunks or by the connection's end,
 never more than ``MAX_RESPONSE_BYTES`` of it. Proxies (tunnels, proxy credentials, NO_PROXY
 rules) stay with httpx: :class:`~looptrace._transport.HttpTransport` takes this client only
@@ -16,9 +16,10 @@ where no proxy applies.
     await pool.aclose()
 
 A connection is reused when the answer said nothing against it and was read to its end. One
-the server closed while it sat idle is noticed before it is used; one that dies before any
-byte of an answer (the server closed it as the request went out) is retried once on a new
-connection, as the request never reached the backend's handler.
+the server closed while it sat idle is noticed before it is used. A kept-alive connection that
+ends before any byte of an answer was most likely closed by the server as the request went
+out: the request goes again on a new connection, once. On a new connection the same failure
+is the caller's to retry (the pipeline's backoff).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ __all__ = ["MAX_RESPONSE_BYTES", "Http1Pool", "ProtocolError", "Response"]
 MAX_RESPONSE_BYTES = 64 * 1024
 # The answer's status line and headers; a longer head is an error, not a buffer that grows.
 MAX_HEAD_BYTES = 64 * 1024
+# What is read ahead of the answer's parser before the connection stops reading.
+_READ_BUFFER_BYTES = 2 * MAX_HEAD_BYTES
 
 
 class ProtocolError(ConnectionError):
@@ -64,49 +67,149 @@ class Response(NamedTuple):
     body: bytes
 
 
-class _Connection:
-    __slots__ = ("reader", "writer")
+class _Ended(Exception):
+    """The connection ended (closed or reset) before what was read for was complete."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
+    def __init__(self, partial: bool, error: BaseException | None) -> None:
+        super().__init__(str(error) if error is not None else "closed")
+        self.partial = partial
+        self.error = error
 
+
+class _Connection(asyncio.Protocol):
+    """One connection, read from a buffer of our own: what the server sent stays readable
+    after the connection ends, even by a reset. A backend with a body limit answers 413 as
+    soon as it has the head and closes with the body unread, which resets the connection under
+    the request still being written; asyncio's StreamReader raises that reset before the
+    answer it already holds (Python 3.10), and the 413, which splits a batch, would have been
+    a failed connection, retried with the same body until the budget ran out."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.ended = False
+        self.error: BaseException | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._wakeup: asyncio.Future[None] | None = None
+        self._writable: asyncio.Future[None] | None = None  # set while writing is paused
+        self._reading_paused = False
+
+    # -- asyncio.Protocol --
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if len(self.buffer) > _READ_BUFFER_BYTES and not self._reading_paused:
+            # Bounded: the server may send faster than an answer is read.
+            assert self.transport is not None
+            self.transport.pause_reading()
+            self._reading_paused = True
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.ended = True
+        self._wake()
+        return False  # close: nothing more will come, and a request cannot be answered now
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.ended = True
+        self.error = exc
+        self._wake()
+        self._resume_writing()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self._writable is None:
+            self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        self._resume_writing()
+
+    # -- the pool's side --
     def idle_and_open(self) -> bool:
         # A server that closes an idle connection has its end-of-stream read by the loop
-        # while the connection waits in the pool.
-        return not self.writer.is_closing() and not self.reader.at_eof()
+        # while the connection waits in the pool; one that sent something unasked is no
+        # longer in step with its requests.
+        return not self.ended and not self.buffer
 
     def close(self) -> None:
-        self.writer.close()
+        if self.transport is not None:
+            self.transport.close()
 
     async def exchange(self, head: bytes, body: bytes) -> tuple[Response, bool]:
         """Send one request, read its answer; also whether the connection can carry another."""
-        writer, reader = self.writer, self.reader
+        assert self.transport is not None
+        self.transport.write(head)
+        self.transport.write(body)
+        # Until the transport holds what is left, or the connection ended: an answer that came
+        # before the body went out whole is still the answer.
+        while self._writable is not None and not self.ended:
+            await self._writable
         try:
-            writer.writelines((head, body))
-            await writer.drain()
-            status, headers, reusable = await self._read_head(reader)
-        except ProtocolError:
-            raise
-        except asyncio.IncompleteReadError as exc:
+            status, headers, reusable = await self._read_head()
+        except _Ended as exc:
             if exc.partial:
                 raise ProtocolError("the connection closed in the middle of an answer") from exc
+            if exc.error is not None:
+                raise _Unanswered(f"the connection failed before an answer: {exc.error}") from exc
             raise _Unanswered("the connection closed before an answer") from exc
-        except ConnectionError as exc:
-            raise _Unanswered(f"the connection failed before an answer: {exc}") from exc
         try:
-            data, whole = await self._read_body(reader, status, headers)
-        except asyncio.IncompleteReadError as exc:
+            data, whole = await self._read_body(status, headers)
+        except _Ended as exc:
             raise ProtocolError("the connection closed in the middle of an answer") from exc
-        return Response(status, headers, data), reusable and whole
+        return Response(status, headers, data), reusable and whole and not self.ended
 
-    @staticmethod
-    async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bool]:
+    # -- reading --
+    def _wake(self) -> None:
+        waiter = self._wakeup
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _resume_writing(self) -> None:
+        waiter, self._writable = self._writable, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _more(self) -> None:
+        """Wait for more bytes; :class:`_Ended` when none will come."""
+        if self.ended:
+            raise _Ended(bool(self.buffer), self.error)
+        if self._reading_paused and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        self._wakeup = asyncio.get_running_loop().create_future()
+        try:
+            await self._wakeup
+        finally:
+            self._wakeup = None
+
+    def _take(self, n: int) -> bytes:
+        data = bytes(self.buffer[:n])
+        del self.buffer[:n]
+        return data
+
+    async def _read_until(self, separator: bytes, what: str) -> bytes:
+        start = 0
         while True:
-            try:
-                raw = await reader.readuntil(b"\r\n\r\n")
-            except asyncio.LimitOverrunError as exc:
-                raise ProtocolError(f"an answer's head longer than {MAX_HEAD_BYTES} bytes") from exc
+            i = self.buffer.find(separator, start)
+            if 0 <= i <= MAX_HEAD_BYTES:
+                return self._take(i + len(separator))
+            if i > MAX_HEAD_BYTES or len(self.buffer) > MAX_HEAD_BYTES:
+                raise ProtocolError(f"{what} longer than {MAX_HEAD_BYTES} bytes")
+            start = max(0, len(self.buffer) - len(separator) + 1)
+            await self._more()
+
+    async def _read_exactly(self, n: int) -> bytes:
+        while len(self.buffer) < n:
+            await self._more()
+        return self._take(n)
+
+    async def _read_head(self) -> tuple[int, dict[str, str], bool]:
+        while True:
+            raw = await self._read_until(b"\r\n\r\n", "an answer's head")
             lines = raw[:-4].split(b"\r\n")
             version, _, rest = lines[0].partition(b" ")
             code = rest[:3]
@@ -132,15 +235,12 @@ class _Connection:
                 reusable = "close" not in connection
             return status, headers, reusable
 
-    @staticmethod
-    async def _read_body(
-        reader: asyncio.StreamReader, status: int, headers: dict[str, str]
-    ) -> tuple[bytes, bool]:
+    async def _read_body(self, status: int, headers: dict[str, str]) -> tuple[bytes, bool]:
         """At most MAX_RESPONSE_BYTES of the body; whether it was read to its end."""
         if status in (204, 304):
             return b"", True
         if "chunked" in headers.get("transfer-encoding", "").lower():
-            return await _Connection._read_chunks(reader)
+            return await self._read_chunks()
         length = headers.get("content-length")
         if length is not None:
             try:
@@ -150,46 +250,41 @@ class _Connection:
             if n < 0:
                 raise ProtocolError("a negative Content-Length")
             if n > MAX_RESPONSE_BYTES:
-                return await reader.readexactly(MAX_RESPONSE_BYTES), False
-            return (await reader.readexactly(n) if n else b""), True
+                return await self._read_exactly(MAX_RESPONSE_BYTES), False
+            return await self._read_exactly(n), True
         # Neither: the body is whatever comes until the server closes the connection.
-        data = bytearray()
-        while len(data) < MAX_RESPONSE_BYTES:
-            part = await reader.read(MAX_RESPONSE_BYTES - len(data))
-            if not part:
+        while len(self.buffer) < MAX_RESPONSE_BYTES:
+            try:
+                await self._more()
+            except _Ended:
                 break
-            data += part
-        return bytes(data), False
+        return self._take(MAX_RESPONSE_BYTES), False
 
-    @staticmethod
-    async def _read_chunks(reader: asyncio.StreamReader) -> tuple[bytes, bool]:
+    async def _read_chunks(self) -> tuple[bytes, bool]:
         data = bytearray()
         while True:
-            try:
-                line = await reader.readuntil(b"\r\n")
-            except asyncio.LimitOverrunError as exc:
-                raise ProtocolError("a chunk size line that does not end") from exc
+            line = await self._read_until(b"\r\n", "a chunk size line")
             try:
                 size = int(line.split(b";")[0].strip(), 16)
             except ValueError:
                 raise ProtocolError(f"a malformed chunk size: {line[:40]!r}") from None
             if size == 0:
                 # Trailers, if any, up to the empty line that ends the answer.
-                while await reader.readuntil(b"\r\n") != b"\r\n":
+                while await self._read_until(b"\r\n", "a trailer") != b"\r\n":
                     pass
                 return bytes(data), True
             room = MAX_RESPONSE_BYTES - len(data)
             if size > room:
-                data += await reader.readexactly(room)
+                data += await self._read_exactly(room)
                 return bytes(data), False
-            data += await reader.readexactly(size)
-            if await reader.readexactly(2) != b"\r\n":
+            data += await self._read_exactly(size)
+            if await self._read_exactly(2) != b"\r\n":
                 raise ProtocolError("a chunk longer than its size")
 
 
 class Http1Pool:
-    """Keep-alive connections to one endpoint, on one event loop (asyncio's streams belong to
-    the loop that opened them). At most ``settings.max_connections`` are kept idle; the
+    """Keep-alive connections to one endpoint, on one event loop (asyncio's transports belong
+    to the loop that opened them). At most ``settings.max_connections`` are kept idle; the
     pipeline bounds how many requests are in flight."""
 
     def __init__(self, settings: HttpSettings) -> None:
@@ -264,23 +359,24 @@ class Http1Pool:
             conn.close()
         if self._closed:
             raise ConnectionError("the connection pool is closed")
-        reader, writer = await asyncio.open_connection(
+        _, conn = await asyncio.get_running_loop().create_connection(
+            _Connection,
             self.host,
             self.port,
             ssl=self.tls,
             server_hostname=self.host if self.tls is not None else None,
-            limit=MAX_HEAD_BYTES,
         )
-        return _Connection(reader, writer), False
+        return conn, False
 
     async def aclose(self) -> None:
         self._closed = True
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
-        for conn in idle:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.writer.wait_closed(), 1.0)
+        if idle:
+            closed = asyncio.gather(*(c.closed for c in idle), return_exceptions=True)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(closed, 1.0)
 
 
 def _user_agent() -> str:
