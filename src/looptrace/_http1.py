@@ -3,7 +3,7 @@ a backend it reaches directly (no proxy between them).
 
 An exporter's request is a POST of bytes it already has, and the answer it needs is a status,
 a few headers and at most a short message. httpx, over httpcore and anyio, runs about 1,500
-Python calls to send one and read its answer: 0.8-1.3 ms of CPU on the application's loop per
+Python calls to send one and read its answer: 1-2 ms of CPU on the application's loop per
 request on the benchmark machine, in steps long enough to make a 1 ms timer late. This client
 writes the request head itself, hands head and body to the transport, and reads the
 answer's head, then a body framed by Content-Length, by chunks or by the connection's end,
