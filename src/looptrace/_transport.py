@@ -131,8 +131,8 @@ class _HttpxClient:
                     detail += part
                     if len(detail) >= MAX_RESPONSE_BYTES:
                         break  # leaving the block unread closes the connection
-                body = bytes(detail[:MAX_RESPONSE_BYTES])
-                return Response(resp.status_code, resp.headers, body)
+                answer = bytes(detail[:MAX_RESPONSE_BYTES])
+                return Response(resp.status_code, resp.headers, answer)
         except httpx.TransportError as exc:
             # What every transport raises when nothing was answered, so that the exporter
             # need not import httpx for the endpoints that never use it.
