@@ -26,6 +26,7 @@ import os
 import random
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -104,6 +105,26 @@ class Transport(Protocol):
         ...
 
 
+def load_client(settings: HttpSettings) -> None:
+    """Load now what building the first request's client will need (a start-up step): httpx's
+    connection pool and async backend for an endpoint behind a proxy, the TLS context for one
+    that needs it. Up to 100-250 ms of Python which, left to the thread that builds the client,
+    would hold the GIL against the loop in 5 ms turns."""
+    if settings.proxied():
+        _load_httpx()
+        settings.verify()
+    elif urllib.parse.urlsplit(settings.url).scheme == "https":
+        settings.ssl_context()
+
+
+def _load_httpx() -> None:
+    # httpx imports its async backend on the first request.
+    import anyio._backends._asyncio
+    import anyio.streams.tls  # noqa: F401
+    import httpcore  # noqa: F401
+    import httpx  # noqa: F401
+
+
 class _Client(Protocol):
     async def post(self, body: bytes, headers: dict[str, str]) -> Response: ...
 
@@ -114,10 +135,7 @@ class _HttpxClient:
     """Requests through httpx, for an endpoint reached through a proxy."""
 
     def __init__(self, settings: HttpSettings) -> None:
-        # httpx imports its async backend on the first request; done here, off the loop.
-        import anyio._backends._asyncio
-        import anyio.streams.tls  # noqa: F401
-
+        _load_httpx()  # here, off the loop, if start-up did not
         self.url = settings.url
         self.client = settings.async_client()
 

@@ -148,23 +148,11 @@ def _prepare(cfg: Config) -> None:
     if cfg.offload:
         from .._offload import parent  # noqa: F401
     if cfg.endpoint is not None:
-        # An HTTPS endpoint needs its CA bundle loaded, and one behind a proxy goes through
-        # httpx, whose connection pool and async backend are imported when its first client
-        # is built: up to 100-250 ms of Python, which in the flusher's thread would hold the
-        # GIL against the loop in 5 ms turns.
         from .._net import HttpSettings
+        from .._transport import load_client
         from . import otlp_http  # noqa: F401
 
-        settings = HttpSettings.from_config(cfg)
-        if settings.proxied():
-            import anyio._backends._asyncio
-            import anyio.streams.tls  # noqa: F401
-            import httpcore  # noqa: F401
-            import httpx  # noqa: F401
-
-            settings.verify()
-        elif settings.url.startswith("https:"):
-            settings.ssl_context()
+        load_client(HttpSettings.from_config(cfg))
     else:
         # The pipeline is built when the first span starts, on the caller's thread: importing
         # the exporter (sqlite3 with it) there cost the first traced call 6-7 ms.
