@@ -662,8 +662,8 @@ def scan_in_steps(pol: _serialize.Policy, out: bytes, step_bytes: int) -> tuple[
 def test_key_scan_in_steps_finds_a_secret_key_wherever_a_step_ends() -> None:
     """The scan of long output in steps (the flusher's, so that other tasks run in between)
     stops searching at each step's end: a secret key, an escaped quote or a run of backslashes
-    cut there is still read exactly, at every step size, and a scan of plain keys that all
-    repeat yields once per step."""
+    cut there is still read exactly, at every step size, and a scan of plain keys it knows
+    yields once per step."""
     rows = records(40)
     tricky = {'a\\"b': 1, "x\\": 2, "\\": 3, 'q"': 4}
     # A key that ends in a backslash ends in an even run of them in JSON: cut inside that run,
@@ -677,13 +677,36 @@ def test_key_scan_in_steps_finds_a_secret_key_wherever_a_step_ends() -> None:
         assert not scan_in_steps(fresh_policy(), plain, step)[0], step
     pol = fresh_policy()
     assert not pol.maybe_secret(plain)  # its keys learned
-    answer, yields = scan_in_steps(pol, plain, 256)
-    assert not answer
-    assert yields == (len(plain) - 1) // 256
+    # A key met again is learned, compiled in a step of its own: the keys met once in the scan
+    # above now, "rows" (once per output) the time after; then nothing is left to learn.
+    steps = (len(plain) - 1) // 256
+    answers = [scan_in_steps(pol, plain, 256) for _ in range(3)]
+    assert answers == [(False, steps + 2), (False, steps + 2), (False, steps)]
     # Keys cut at a step's end come back to Python; known ones are not counted as keys that
     # never repeat, so even one-byte steps answer from the keys, not the word scan.
     for step in (1, 2, 7):
         assert run_steps(pol._key_ends.find_secret(plain, pol._secret_raw, step))[0] is False
+
+
+def test_key_scan_in_steps_compiles_what_it_learned_in_a_step_of_its_own() -> None:
+    """Learning a shape's keys compiles a pattern, which takes as long as a step of the scan:
+    in a scan in steps the compile runs between two yields, not inside a step that searched
+    (with steps longer than the output, the search alone would never yield)."""
+    pol = fresh_policy()
+    ends = pol._key_ends
+    out = orjson.dumps({"rows": records(40)})
+    scan = ends.find_secret(out, pol._secret_raw, len(out) + 1)
+    next(scan)  # searched until the keys repeated
+    assert not ends.known
+    next(scan)  # compiled
+    learned = dict(ends.known)
+    assert {b"id", b"name", b"tags"} <= set(learned)
+    with pytest.raises(StopIteration) as done:
+        next(scan)  # the rest of the search
+    assert done.value.value is False
+    assert ends.known == learned
+    # Without steps, the same scan never yields.
+    assert run_steps(fresh_policy()._key_ends.find_secret(out, pol._secret_raw, 0)) == (False, 0)
 
 
 def test_property_key_scan_in_steps_is_exact() -> None:
