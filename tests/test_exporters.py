@@ -325,6 +325,34 @@ def _large_span(**fields: Any) -> Span:
     return span
 
 
+async def test_large_spans_handed_to_workers_are_prepared_in_time_slices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Spans large enough that a worker encodes and sends them are prepared on the loop (the
+    user's hooks run there, once) inside the time slices like any other span's encoding: a
+    drain of many of them yields between them instead of preparing them all in one step."""
+    monkeypatch.setattr(_export.exporter, "SLICE_SECONDS", 0.0)
+    cfg = looptrace.Config.from_env(
+        endpoint="http://127.0.0.1:9/v1/traces", offload_threshold_bytes=1024
+    )
+    spans = []
+    for i in range(20):
+        span = Span("upload", 0x77, 0x10 + i, 0, NOW)
+        span.end_ns = NOW + 10
+        span.inputs = {"blob": "x" * 4096}
+        spans.append(span)
+    exporter = OtlpHttpExporter(cfg)
+    exporter.load()
+    try:
+        async with LoopTurns() as turns:
+            chunks = await exporter.encode(spans)
+    finally:
+        exporter.shutdown()
+    assert all(c is not None and exporter.alone(c) for c in chunks)  # each a worker's job
+    # A pause of three turns of the loop after each span but the last, at least.
+    assert turns.count >= 19 * 3
+
+
 @pytest.mark.parametrize(
     "kind", ["otlp-protobuf", "otlp-json", "otlp-hooked", "otlp-events", "store", "memory"]
 )
