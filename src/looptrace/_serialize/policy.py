@@ -132,7 +132,9 @@ class Policy:
         """The answer for output with no keys, no redaction word or few strings; None when
         its keys must be scanned (many strings)."""
         # Every object key in orjson's output ends in '":'; no such pair means no keys at all.
-        if b'":' not in out:
+        # find, not `in`: bytes.__contains__ first tries the needle as an int and builds and
+        # clears a TypeError, 0.3 us of the 1.2 this screen costs a small payload.
+        if out.find(b'":') < 0:
             return False
         if len(out) < _REGEX_GATE_BYTES and self._any_first.search(out.lower()) is None:
             return False
