@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import looptrace
-from looptrace import _export, _state
+from looptrace import _export, _otlp, _state
 from looptrace._capture.spans import Span
 from looptrace._encode import SpanEncoder
 from looptrace._export.buffer import PENDING_OVERHEAD_BYTES, Buffer
@@ -237,6 +237,28 @@ async def test_statistics_snapshot(server: OtlpTestServer) -> None:
     assert stats.dropped == {"buffer_full": 0, "rejected": 0, "retries_exhausted": 0, "shutdown": 0}
     # In-flight bytes were the encoded spans: the request carried all of them plus a small head.
     assert len(server.requests[0].body) > 10 * 30
+
+
+@pytest.mark.parametrize("compression", ["gzip", "none"])
+async def test_large_request_bodies_are_put_together_off_the_loop(
+    server: OtlpTestServer, monkeypatch: pytest.MonkeyPatch, compression: str
+) -> None:
+    """A request body of more than 64 KiB is joined (and compressed, when it is) in a worker
+    thread, compressed or not: copying a batch of a few megabytes holds a loop for
+    milliseconds. The body arrives whole."""
+    threads: list[int] = []
+    real = _otlp.compress_body
+
+    def spy(pieces: list[bytes], compression: str) -> tuple[bytes, str | None]:
+        threads.append(threading.get_ident())
+        return real(pieces, compression)
+
+    monkeypatch.setattr(_otlp, "compress_body", spy)  # what the exporter loads
+    use(server, compression=compression)
+    make_spans(40, payload="p" * 4096)
+    assert (await looptrace.flush(10)).ok
+    assert server.accepted_span_count == 40
+    assert threads and threading.get_ident() not in threads
 
 
 async def test_flusher_runs_on_the_running_loop_in_short_slices(
