@@ -176,6 +176,53 @@ def test_only_a_loopback_backend_gets_the_small_send_buffer(url: str, loopback: 
     assert HttpSettings(url).loopback is loopback
 
 
+@pytest.mark.parametrize(
+    ("choice", "url", "sent"),
+    [
+        ("auto", "http://127.0.0.1:4318/v1/traces", "none"),
+        ("auto", "http://localhost:4318/v1/traces", "none"),
+        ("auto", "http://[::1]:4318/v1/traces", "none"),
+        ("auto", "https://otlp.example.com/v1/traces", "gzip"),
+        ("auto", "http://10.0.0.5:4318/v1/traces", "gzip"),
+        ("gzip", "http://127.0.0.1:4318/v1/traces", "gzip"),
+        ("zstd", "http://127.0.0.1:4318/v1/traces", "zstd"),
+        ("none", "https://otlp.example.com/v1/traces", "none"),
+    ],
+)
+def test_compression_is_left_out_only_on_loopback_unless_asked_for(
+    choice: str, url: str, sent: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``compression="auto"`` (the default) compresses with gzip for a backend on another
+    machine and not for one on this machine, where deflating costs CPU on both ends and saves
+    nothing; a compression asked for by name (the setting or the standard variable, for a
+    loopback address that forwards to another machine) is used wherever the backend is. The
+    pipeline's requests and the workers' use the same."""
+    from looptrace._export.otlp_http import OtlpHttpExporter
+    from looptrace._net import wire_compression
+
+    assert wire_compression(choice, url) == sent
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", choice)
+    cfg = looptrace.Config.from_env(endpoint=url)
+    assert cfg.compression == choice
+    exporter = OtlpHttpExporter(cfg)
+    exporter.load()
+    try:
+        assert exporter.compression == sent
+        assert exporter._destination is not None
+        assert exporter._destination.compression == sent
+    finally:
+        exporter.shutdown()
+
+
+def test_compression_setting_refuses_an_unknown_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compression the exporters do not know is a clear configuration error, naming the
+    ones they do; the default is ``auto``."""
+    assert looptrace.Config().compression == "auto"
+    monkeypatch.setenv("LOOPTRACE_COMPRESSION", "brotli")
+    with pytest.raises(looptrace.ConfigurationError, match="auto, gzip, zstd or none"):
+        looptrace.Config.from_env()
+
+
 async def test_worker_keeps_one_connection_for_many_spans(offloader: Offloader) -> None:
     """Spans sent one after another reuse the worker's connection: no handshake per span."""
     with checked_server() as server:

@@ -53,6 +53,8 @@ def server() -> Iterator[OtlpTestServer]:
         ("json", "gzip", "application/json", "gzip"),
         ("protobuf", "zstd", "application/x-protobuf", "zstd"),
         ("json", "none", "application/json", None),
+        # The default: nothing to gain from compressing for a receiver on this machine.
+        ("protobuf", "auto", "application/x-protobuf", None),
     ],
 )
 async def test_spans_arrive_decodable_in_every_encoding(

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from ._errors import ConfigurationError
 
 Encoding = Literal["protobuf", "json"]
-Compression = Literal["gzip", "zstd", "none"]
+Compression = Literal["auto", "gzip", "zstd", "none"]
 
 DEFAULT_REDACT_KEYS: tuple[str, ...] = (
     "api_key",
@@ -72,7 +72,7 @@ class Config:
     endpoint: str | None = None
     headers: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)
     encoding: Encoding = "protobuf"
-    compression: Compression = "gzip"
+    compression: Compression = "auto"
     export_timeout: float = 10.0
     # TLS: the CA bundle (or directory) that verifies the backend, and a client certificate.
     certificate: str | None = None
@@ -136,8 +136,8 @@ class Config:
         _check(self.retry_budget >= 0, "retry_budget must not be negative")
         _check(self.encoding in ("protobuf", "json"), "encoding must be 'protobuf' or 'json'")
         _check(
-            self.compression in ("gzip", "zstd", "none"),
-            "compression must be 'gzip', 'zstd' or 'none'",
+            self.compression in ("auto", "gzip", "zstd", "none"),
+            "compression must be 'auto', 'gzip', 'zstd' or 'none'",
         )
         for name, value in self.headers.items():
             check_header(name, value)
@@ -375,6 +375,6 @@ def _encoding(name: str, raw: str) -> Encoding:
 
 def _compression(name: str, raw: str) -> Compression:
     low = raw.lower()
-    if low in ("gzip", "zstd", "none"):
+    if low in ("auto", "gzip", "zstd", "none"):
         return low  # type: ignore[return-value]
-    raise ConfigurationError(f"{name} must be gzip, zstd or none, got {raw!r}")
+    raise ConfigurationError(f"{name} must be auto, gzip, zstd or none, got {raw!r}")

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from ._config import Config
 
-__all__ = ["HttpSettings", "is_loopback"]
+__all__ = ["HttpSettings", "is_loopback", "wire_compression"]
 
 # On loopback the kernel runs the receiver's side of TCP inside the sender's system calls; a
 # quarter-megabyte send buffer makes a worker sending a large body pause for the receiver
@@ -40,6 +40,17 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def wire_compression(choice: str, url: str) -> str:
+    """The compression of requests to ``url`` for the ``compression`` setting ``choice``:
+    ``"auto"`` is none to a loopback address and gzip anywhere else. On loopback the bytes never
+    cross a network, and deflating them cost 1.5-3 us of CPU per span here (up to a fifth of
+    all the CPU tracing a small span took), and the receiver on the same machine more CPU to
+    inflate them."""
+    if choice != "auto":
+        return choice
+    return "none" if is_loopback(urllib.parse.urlsplit(url).hostname or "") else "gzip"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence, Sized
 from typing import TYPE_CHECKING
 
 from .. import _errors
-from .._net import HttpSettings
+from .._net import HttpSettings, wire_compression
 from .._transport import (
     HttpTransport,
     Response,
@@ -84,6 +84,7 @@ class OtlpHttpExporter:
         self.content_type = _otlp.content_type(cfg.encoding)
         self.request_pieces = _otlp.encode_request_pieces
         self.compress = _otlp.compress_body
+        self.compression = wire_compression(cfg.compression, HttpSettings.from_config(cfg).url)
         self.span_encoder: SpanEncoder = SpanEncoder(cfg)
         if cfg.offload:
             # Started at the first large span; at interpreter exit, when no thread can start
@@ -93,7 +94,7 @@ class OtlpHttpExporter:
             self._offloader = Offloader()
             if not self._custom_transport:
                 self._destination = Destination(
-                    HttpSettings.from_config(cfg), cfg.encoding, cfg.compression, self.resource
+                    HttpSettings.from_config(cfg), cfg.encoding, self.compression, self.resource
                 )
         self._estimate = _serialize.estimate_size
 
@@ -202,7 +203,7 @@ class _Session:
                 return delivered
             chunks = [delivered]
         pieces = exporter.request_pieces(chunks, exporter.resource, exporter.cfg.encoding)  # type: ignore[arg-type]
-        compression = exporter.cfg.compression
+        compression = exporter.compression
         content_encoding = None
         if sum(map(len, pieces)) > BODY_IN_THREAD_BYTES:
             # Uncompressed bodies too: joined here, batches of 165 KB structures held the loop
