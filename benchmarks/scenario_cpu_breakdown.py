@@ -7,7 +7,8 @@ them, each stage timed alone in this process (best of 5, microseconds per span):
 - the flusher alone: the real pipeline over an exporter whose chunks cost nothing to make or
   send, so what remains is the buffer, the batches, the slices and the homes;
 - the exporter's steps: the size estimate (made when a span is queued), the planning walk,
-  the span's encoding, the request's assembly and gzip (in a background thread, off the loop);
+  the span's encoding, the request's assembly and its compression (in a background thread,
+  off the loop; none for this loopback endpoint unless LOOPTRACE_COMPRESSION names one);
 - the whole: the real pipeline and exporter, requests kept in memory instead of sent.
 
     .venv/bin/python benchmarks/scenario_cpu_breakdown.py
@@ -27,6 +28,7 @@ from looptrace._capture.spans import Span
 from looptrace._encode import SpanEncoder
 from looptrace._export.exporter import SENT, Outcome, Slices
 from looptrace._export.memory import InMemoryExporter
+from looptrace._net import wire_compression
 from looptrace._transport import InMemoryTransport
 
 N = 20_000
@@ -167,8 +169,13 @@ def main() -> None:
             ),
         )
     )
+    # What the pipeline applies to this endpoint: none to loopback (compression "auto").
+    compression = wire_compression(cfg.compression, "http://127.0.0.1:9/v1/traces")
     rows.append(
-        ("gzip (background thread)", timed(lambda: [_otlp.compress(b, "gzip") for b in bodies]))
+        (
+            f"compression: {compression} (background thread)",
+            timed(lambda: [_otlp.compress(b, compression) for b in bodies]),
+        )
     )
 
     transport = InMemoryTransport()
