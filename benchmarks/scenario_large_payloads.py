@@ -718,6 +718,21 @@ def one_row(kind: str, payload_kind: str, url: str, calls: int) -> None:
     print(orjson.dumps({"max": row.max_ms, "total": row.total_ms, "p95": row.p95_us}).decode())
 
 
+def in_process(script: str, args: list[str], *path: str) -> dict[str, Any]:
+    """The JSON that ``script`` prints last, run with ``args`` in a fresh process whose
+    import path starts with ``path`` (a checkout's ``src`` first: the looptrace it runs)."""
+    out = subprocess.run(
+        [sys.executable, script, *args],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(path)},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    ).stdout
+    result: dict[str, Any] = orjson.loads(out.strip().splitlines()[-1])
+    return result
+
+
 def old_against_new(old_src: str, calls: int, rounds: int, only: str | None = None) -> None:
     """The offload row of the code in ``old_src`` (a checkout's ``src``) against this
     checkout's, and the untraced baseline, alternating in fresh processes round by round, all
@@ -738,16 +753,7 @@ def old_against_new(old_src: str, calls: int, rounds: int, only: str | None = No
                     ("new", new_src, "looptrace"),
                 ):
                     before = sink.count()
-                    env = {**os.environ, "PYTHONPATH": src}
-                    out = subprocess.run(
-                        [sys.executable, __file__, "--row", kind, payload_kind, sink.url],
-                        env=env,
-                        capture_output=True,
-                        text=True,
-                        check=True,
-                        timeout=600,
-                    ).stdout
-                    figures = orjson.loads(out.strip().splitlines()[-1])
+                    figures = in_process(__file__, ["--row", kind, payload_kind, sink.url], src)
                     expected = 0 if kind == "baseline" else calls
                     figures["delivered"] = sink.wait_for(before + expected, 60) - before
                     got.setdefault(name, []).append(figures)

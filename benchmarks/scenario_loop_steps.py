@@ -33,15 +33,13 @@ import asyncio
 import collections.abc
 import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Coroutine, Generator
 from typing import Any
 
 import orjson
 
-from scenario_large_payloads import Sink, string_payload, structure_payload
+from scenario_large_payloads import Sink, in_process, string_payload, structure_payload
 
 CALLS = 100
 _thread_time = time.thread_time
@@ -144,16 +142,7 @@ def run(rounds: int, old: str | None) -> None:
             got: dict[str, list[dict[str, float]]] = {}
             for r in range(rounds):
                 for name, src in trees if r % 2 == 0 else trees[::-1]:
-                    env = {**os.environ, "PYTHONPATH": os.pathsep.join((src, here))}
-                    out = subprocess.run(
-                        [sys.executable, __file__, "--round", kind, sink.url],
-                        env=env,
-                        capture_output=True,
-                        text=True,
-                        check=True,
-                        timeout=600,
-                    ).stdout
-                    result = orjson.loads(out.strip().splitlines()[-1])
+                    result = in_process(__file__, ["--round", kind, sink.url], src, here)
                     ours, theirs = summary(result["ours"]), summary(result["theirs"])
                     got.setdefault(name, []).append(ours)
                     print(
