@@ -28,7 +28,7 @@ from looptrace._capture.spans import Span
 from looptrace._encode import SpanEncoder
 from looptrace._export.exporter import SENT, Outcome, Slices
 from looptrace._export.memory import InMemoryExporter
-from looptrace._net import wire_compression
+from looptrace._net import HttpSettings, wire_compression
 from looptrace._transport import InMemoryTransport
 
 N = 20_000
@@ -170,7 +170,7 @@ def main() -> None:
         )
     )
     # What the pipeline applies to this endpoint: none to loopback (compression "auto").
-    compression = wire_compression(cfg.compression, "http://127.0.0.1:9/v1/traces")
+    compression = wire_compression(cfg.compression, HttpSettings.from_config(cfg).loopback)
     rows.append(
         (
             f"compression: {compression} (background thread)",

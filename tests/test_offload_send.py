@@ -200,7 +200,7 @@ def test_compression_is_left_out_only_on_loopback_unless_asked_for(
     from looptrace._export.otlp_http import OtlpHttpExporter
     from looptrace._net import wire_compression
 
-    assert wire_compression(choice, url) == sent
+    assert wire_compression(choice, HttpSettings(url).loopback) == sent
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", choice)
     cfg = looptrace.Config.from_env(endpoint=url)
     assert cfg.compression == choice

@@ -84,7 +84,8 @@ class OtlpHttpExporter:
         self.content_type = _otlp.content_type(cfg.encoding)
         self.request_pieces = _otlp.encode_request_pieces
         self.compress = _otlp.compress_body
-        self.compression = wire_compression(cfg.compression, HttpSettings.from_config(cfg).url)
+        settings = HttpSettings.from_config(cfg)
+        self.compression = wire_compression(cfg.compression, settings.loopback)
         self.span_encoder: SpanEncoder = SpanEncoder(cfg)
         if cfg.offload:
             # Started at the first large span; at interpreter exit, when no thread can start
@@ -94,7 +95,7 @@ class OtlpHttpExporter:
             self._offloader = Offloader()
             if not self._custom_transport:
                 self._destination = Destination(
-                    HttpSettings.from_config(cfg), cfg.encoding, self.compression, self.resource
+                    settings, cfg.encoding, self.compression, self.resource
                 )
         self._estimate = _serialize.estimate_size
 
