@@ -98,3 +98,28 @@ def test_async_plain(benchmark: Any) -> None:
 def test_async_traced(benchmark: Any, sink: _ListSink) -> None:
     benchmark(_async_loop(traced_awork))
     assert sink.spans
+
+
+def _block(i: int, b: str) -> int:
+    with looptrace.span("work") as s:
+        s.set_inputs({"a": i, "b": b})
+        out = work(i, b)
+        s.set_output(out)
+        return out
+
+
+def _nested_block(i: int, b: str) -> int:
+    with looptrace.span("outer"):
+        return _block(i, b)
+
+
+@pytest.mark.benchmark(group="span block x1000")
+def test_span_block(benchmark: Any, sink: _ListSink) -> None:
+    benchmark(_sync_loop(_block))
+    assert sink.spans
+
+
+@pytest.mark.benchmark(group="span block x1000")
+def test_span_block_nested(benchmark: Any, sink: _ListSink) -> None:
+    benchmark(_sync_loop(_nested_block))
+    assert len({s.trace_id for s in sink.spans[:2]}) == 1

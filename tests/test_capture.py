@@ -334,6 +334,28 @@ def test_exception_in_span_block_is_recorded_and_propagates() -> None:
     assert spans[0].status_code == StatusCode.ERROR
 
 
+def test_span_block_left_in_another_context_still_ends() -> None:
+    """A generator suspended inside a span block and resumed in another context (a task's
+    copy, say) leaves the block there: the span still ends, with nothing raised into the
+    generator, and that context is left with no active span."""
+
+    def steps() -> Any:
+        with looptrace.span("step"):
+            yield
+            yield
+
+    with capture_spans() as spans, looptrace.span("outer") as outer:
+        gen = steps()
+        next(gen)  # the block begins here, under "outer"
+        other = contextvars.Context()
+        other.run(next, gen)
+        with pytest.raises(StopIteration):
+            other.run(next, gen)  # ... and ends in a context that never entered it
+        assert other.run(looptrace.current_span).is_recording is False
+    assert [s.name for s in spans] == ["step", "outer"]
+    assert spans[0].parent_span_id == outer.span_id
+
+
 def test_current_span_outside_any_span_is_non_recording() -> None:
     """With no active span, current_span() is a harmless non-recording span."""
     s = looptrace.current_span()
