@@ -1,7 +1,7 @@
 """Scenario (b): end-to-end throughput and CPU per span, capture plus export.
 
-One asyncio program ends N spans (inputs and output recorded on each, the same facts in every
-mode), yielding to the loop every 100 spans, then waits until everything is delivered to a
+One asyncio program makes N calls (each records an input and an output, the same facts in
+every mode), yielding to the loop every 100 calls, then waits until everything is delivered to a
 local OTLP server (running in a child process, so its CPU is not counted; it decodes what it
 received only when asked for counts, after each run, so it does not compete with the process
 being measured for the machine's cores: on a 2-core VM that competition inflated the CPU time
@@ -9,9 +9,12 @@ of whichever client sent fastest). CPU is
 ``time.process_time()`` of the whole process (every thread: the flusher, the exporter's worker,
 compression), minus the same loop without tracing.
 
-Modes, side by side in one run: no tracing; looptrace (protobuf + gzip, the defaults);
-OpenTelemetry SDK (TracerProvider + BatchSpanProcessor + OTLP/HTTP protobuf exporter, with
-max_queue_size raised to N so it does not drop any span and the CPU figure covers all of them).
+Two shapes of call: one span each, and an outer span with a child (the child carries the
+input and output): 2N spans, the shape of a traced function that calls another.
+
+Modes, side by side in one run: no tracing; looptrace (the defaults); OpenTelemetry SDK
+(TracerProvider + BatchSpanProcessor + OTLP/HTTP protobuf exporter, with max_queue_size raised
+to 2N so it does not drop any span and the CPU figure covers all of them).
 
     .venv/bin/python benchmarks/scenario_throughput.py [N]
 """
@@ -55,6 +58,11 @@ def looptrace_one(i: int) -> None:
         s.set_output({"answer": 4})
 
 
+def looptrace_nested(i: int) -> None:
+    with looptrace.span("outer"):
+        looptrace_one(i)
+
+
 def otel_one_factory(tracer: Any) -> Callable[[int], None]:
     def one(i: int) -> None:
         with tracer.start_as_current_span("step") as s:
@@ -64,6 +72,16 @@ def otel_one_factory(tracer: Any) -> Callable[[int], None]:
             s.set_attribute("output.mime_type", "application/json")
 
     return one
+
+
+def otel_nested_factory(tracer: Any) -> Callable[[int], None]:
+    one = otel_one_factory(tracer)
+
+    def nested(i: int) -> None:
+        with tracer.start_as_current_span("outer"):
+            one(i)
+
+    return nested
 
 
 def measure(run: Callable[[], Any]) -> tuple[float, float]:
@@ -78,65 +96,79 @@ def main() -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    results: dict[str, list[tuple[float, float, int]]] = {"none": [], "looptrace": [], "otel": []}
+    Result = tuple[float, float, int]  # CPU s, wall s, spans received
     with OtlpServerProcess(defer_decode=True) as server:
         looptrace.configure(endpoint=server.endpoint)
         provider = TracerProvider()
         provider.add_span_processor(
-            BatchSpanProcessor(OTLPSpanExporter(endpoint=server.endpoint), max_queue_size=N)
+            BatchSpanProcessor(OTLPSpanExporter(endpoint=server.endpoint), max_queue_size=2 * N)
         )
-        otel_one = otel_one_factory(provider.get_tracer("bench"))
+        tracer = provider.get_tracer("bench")
 
         def run_none() -> None:
             asyncio.run(produce(none_one))
 
-        def run_looptrace() -> None:
-            async def go() -> None:
-                await produce(looptrace_one)
-                result = await looptrace.flush(60)
-                assert result.ok, result
+        def looptrace_runner(one: Callable[[int], None]) -> Callable[[], None]:
+            def run() -> None:
+                async def go() -> None:
+                    await produce(one)
+                    result = await looptrace.flush(60)
+                    assert result.ok, result
 
-            asyncio.run(go())
+                asyncio.run(go())
 
-        def run_otel() -> None:
-            asyncio.run(produce(otel_one))
-            provider.force_flush(60_000)
+            return run
 
-        # Warm-up (imports, connections, code caches), not measured.
-        N_saved = N
-        for run in (run_none, run_looptrace, run_otel):
-            run()
-        for _ in range(ROUNDS):
-            for name, run in (("none", run_none), ("looptrace", run_looptrace), ("otel", run_otel)):
-                server.clear()
-                cpu, wall = measure(run)
-                received = server.stats()["accepted_spans"] if name != "none" else 0
-                results[name].append((cpu, wall, received))
+        def otel_runner(one: Callable[[int], None]) -> Callable[[], None]:
+            def run() -> None:
+                asyncio.run(produce(one))
+                provider.force_flush(60_000)
+
+            return run
+
+        shapes = (
+            ("one span per call", 1, looptrace_one, otel_one_factory(tracer)),
+            ("outer + child per call", 2, looptrace_nested, otel_nested_factory(tracer)),
+        )
+        tables: list[tuple[str, int, dict[str, list[Result]]]] = []
+        for label, spans, lt_one, otel_one in shapes:
+            modes = (
+                ("none", run_none),
+                ("looptrace", looptrace_runner(lt_one)),
+                ("otel", otel_runner(otel_one)),
+            )
+            results: dict[str, list[Result]] = {name: [] for name, _ in modes}
+            for _, run in modes:  # warm-up (imports, connections, code caches), not measured
+                run()
+            for _ in range(ROUNDS):
+                for name, run in modes:
+                    server.clear()
+                    cpu, wall = measure(run)
+                    received = server.stats()["accepted_spans"] if name != "none" else 0
+                    results[name].append((cpu, wall, received))
+            tables.append((label, spans, results))
         provider.shutdown()
         looptrace.shutdown_sync()
-        assert N_saved == N
 
-    def best(name: str) -> tuple[float, float, int]:
-        return min(results[name])
-
-    cpu_none, wall_none, _ = best("none")
-    print(f"throughput: {N} spans per run, best of {ROUNDS} (CPU = all threads of the process)")
-    print(
-        f"{'mode':<20} {'CPU us/span':>12} {'wall s':>8} {'spans/s end-to-end':>19} {'delivered':>10}"
-    )
-    per_span = {}
-    for name, label in (("looptrace", "looptrace"), ("otel", "OpenTelemetry SDK")):
-        cpu, wall, received = best(name)
-        per_span[name] = (cpu - cpu_none) / N * 1e6
+    for label, spans, results in tables:
+        cpu_none, wall_none, _ = min(results["none"])
+        total = N * spans
+        print(f"\nthroughput, {label}: {total} spans per run, best of {ROUNDS} (CPU = all threads)")
         print(
-            f"{label:<20} {per_span[name]:>12.1f} {wall:>8.3f} {received / wall:>19,.0f} "
-            f"{received:>10}"
+            f"{'mode':<20} {'CPU us/span':>12} {'wall s':>8} {'spans/s end-to-end':>19} "
+            f"{'delivered':>10}"
         )
-    print(f"{'no tracing (loop)':<20} {cpu_none / N * 1e6:>12.1f} {wall_none:>8.3f}")
-    print(
-        f"OpenTelemetry SDK / looptrace CPU per span: {per_span['otel'] / per_span['looptrace']:.1f}x "
-        "(goal >= 5x)"
-    )
+        per_span = {}
+        for name, mode in (("looptrace", "looptrace"), ("otel", "OpenTelemetry SDK")):
+            cpu, wall, received = min(results[name])
+            per_span[name] = (cpu - cpu_none) / total * 1e6
+            print(
+                f"{mode:<20} {per_span[name]:>12.1f} {wall:>8.3f} {received / wall:>19,.0f} "
+                f"{received:>10}"
+            )
+        print(f"{'no tracing (loop)':<20} {cpu_none / total * 1e6:>12.1f} {wall_none:>8.3f}")
+        ratio = per_span["otel"] / per_span["looptrace"]
+        print(f"OpenTelemetry SDK / looptrace CPU per span: {ratio:.1f}x (goal >= 5x)")
 
 
 if __name__ == "__main__":
