@@ -13,7 +13,7 @@ import pytest
 
 import looptrace
 from looptrace._http1 import MAX_RESPONSE_BYTES, Http1Pool, ProtocolError
-from looptrace._net import HttpSettings
+from looptrace._net import LOOPBACK_SNDBUF, HttpSettings
 from otlp_server import OtlpTestServer
 
 Answer = Callable[[int, int, bytes], bytes | None]
@@ -310,6 +310,32 @@ def test_a_directly_reached_endpoint_never_imports_httpx() -> None:
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == "[]"
         assert server.accepted_span_count == 1
+
+
+def test_a_loopback_connection_sends_a_large_body_a_bounded_piece_at_a_time(
+    scripted: Callable[[Answer], Scripted],
+) -> None:
+    """To a backend on this machine the kernel's own sizing lets one send take a whole 8 MB
+    body, copied (and received) on the loop's thread in one go. The connection's send buffer
+    is capped instead, so each send, in the exporter's step or the transport's callbacks,
+    copies at most twice LOOPBACK_SNDBUF (Linux doubles what it is given). The body still
+    arrives whole."""
+    server = scripted(lambda number, request, head: OK)
+    body = bytes(range(256)) * (32 << 10)  # 8 MiB
+
+    async def run() -> tuple[int, int]:
+        pool = Http1Pool(HttpSettings(server.url))
+        try:
+            answer = await asyncio.wait_for(pool.post(body, {}), 30)
+            sock = pool._idle[0].transport.get_extra_info("socket")  # type: ignore[union-attr]
+            return answer.status, sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        finally:
+            await pool.aclose()
+
+    status, send_buffer = asyncio.run(run())
+    assert status == 200
+    assert server.heads[0].lower().endswith(b"content-length: %d" % len(body))
+    assert send_buffer <= 2 * LOOPBACK_SNDBUF
 
 
 def test_an_answer_sent_before_the_body_was_read_is_the_answer() -> None:

@@ -27,15 +27,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
+import socket
 import ssl
 import urllib.parse
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from ._config import check_header
-
-if TYPE_CHECKING:
-    from ._net import HttpSettings
+from ._net import LOOPBACK_SNDBUF, HttpSettings
 
 __all__ = ["MAX_RESPONSE_BYTES", "Http1Pool", "ProtocolError", "Response"]
 
@@ -84,7 +84,8 @@ class _Connection(asyncio.Protocol):
     answer it already holds (Python 3.10), and the 413, which splits a batch, would have been
     a failed connection, retried with the same body until the budget ran out."""
 
-    def __init__(self) -> None:
+    def __init__(self, send_buffer: int = 0) -> None:
+        self._send_buffer = send_buffer  # SO_SNDBUF to set; 0 keeps the kernel's sizing
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.ended = False
@@ -98,6 +99,12 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if self._send_buffer and sock is not None:
+            # A write's first send runs in the exporter's step, the rest in the transport's
+            # callbacks: each copies at most what the send buffer holds (_net.LOOPBACK_SNDBUF).
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._send_buffer)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -300,6 +307,7 @@ class Http1Pool:
             self.tls = settings.ssl_context()
             self.tls.set_alpn_protocols(["http/1.1"])
         self.max_idle = settings.max_connections
+        self._send_buffer = LOOPBACK_SNDBUF if settings.loopback else 0
         self._idle: list[_Connection] = []
         self._closed = False
         target = url.path or "/"
@@ -360,7 +368,7 @@ class Http1Pool:
         if self._closed:
             raise ConnectionError("the connection pool is closed")
         _, conn = await asyncio.get_running_loop().create_connection(
-            _Connection,
+            functools.partial(_Connection, self._send_buffer),
             self.host,
             self.port,
             ssl=self.tls,
