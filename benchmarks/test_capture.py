@@ -123,3 +123,21 @@ def test_span_block(benchmark: Any, sink: _ListSink) -> None:
 def test_span_block_nested(benchmark: Any, sink: _ListSink) -> None:
     benchmark(_sync_loop(_nested_block))
     assert len({s.trace_id for s in sink.spans[:2]}) == 1
+
+
+def items(n: int) -> Iterator[int]:
+    yield from range(n)
+
+
+traced_items = looptrace.traced(items)
+
+
+@pytest.mark.benchmark(group="generator x1000 items")
+def test_generator_plain(benchmark: Any) -> None:
+    benchmark(lambda: sum(items(CALLS)))
+
+
+@pytest.mark.benchmark(group="generator x1000 items")
+def test_generator_traced(benchmark: Any, sink: _ListSink) -> None:
+    benchmark(lambda: sum(traced_items(CALLS)))
+    assert sink.spans[0].attributes == {"looptrace.generator.items": CALLS}

@@ -8,7 +8,7 @@ import asyncio
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from opentelemetry import context as otel_context
@@ -17,6 +17,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 import looptrace
 from looptrace import _state
+from looptrace.testing import capture_spans
 from otel_support import by_name, otel
 from otlp_server import OtlpTestServer
 from pipeline_support import checked_server, install_pipeline
@@ -194,6 +195,44 @@ def test_current_span_is_one_span_for_both_apis() -> None:
             assert child.parent_span_id == span.get_span_context().span_id
     assert trace.get_current_span() is trace.INVALID_SPAN
     assert not looptrace.current_span().is_recording
+
+
+def test_a_traced_generator_is_the_current_span_of_both_apis_only_while_it_runs() -> None:
+    """Each time a traced generator (sync or async) resumes, its span is the current one for
+    the OpenTelemetry API too; between items, the caller's span is current again in both."""
+    t = tracer()
+    seen: list[tuple[int, int]] = []
+
+    def record() -> None:
+        seen.append(
+            (trace.get_current_span().get_span_context().span_id, looptrace.current_span().span_id)
+        )
+
+    @looptrace.traced(name="numbers")
+    def numbers() -> Iterator[int]:
+        for i in range(3):
+            record()
+            yield i
+
+    @looptrace.traced(name="anumbers")
+    async def anumbers() -> AsyncIterator[int]:
+        for i in range(3):
+            record()
+            yield i
+            await asyncio.sleep(0)
+
+    async def consume() -> list[int]:
+        return [i async for i in anumbers()]
+
+    with t.start_as_current_span("caller") as caller, capture_spans() as spans:
+        caller_id = caller.get_span_context().span_id
+        for _ in numbers():
+            record()
+        assert asyncio.run(consume()) == [0, 1, 2]
+    ids = {s.name: s.span_id for s in spans}
+    gen, agen = ids["numbers"], ids["anumbers"]
+    assert seen == [(gen, gen), (caller_id, caller_id)] * 3 + [(agen, agen)] * 3
+    assert trace.get_current_span() is trace.INVALID_SPAN
 
 
 def test_propagation_apis_agree_both_ways() -> None:
