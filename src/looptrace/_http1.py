@@ -99,8 +99,8 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if self._send_buffer and sock is not None:
+        sock = transport.get_extra_info("socket") if self._send_buffer else None
+        if sock is not None:
             # A write's first send runs in the exporter's step, the rest in the transport's
             # callbacks: each copies at most what the send buffer holds (_net.LOOPBACK_SNDBUF).
             with contextlib.suppress(OSError):
