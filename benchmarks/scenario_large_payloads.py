@@ -710,12 +710,24 @@ def one_row(kind: str, payload_kind: str, url: str, calls: int) -> None:
     """One row in this process, its figures printed as JSON (for the old-against-new run)."""
     payload = string_payload(2_500_000) if payload_kind == "string" else structure_payload(165_000)
     STALLS.clear()
+    waited, cpu = _waited_ms(), time.process_time()
     if kind == "baseline":
         lags, per_call = baseline_run(payload, calls)
     else:
         lags, per_call = looptrace_run(url, payload, calls, True)
-    row = Row(lags, per_call, 0, 0.0, 0.0, 0.0)
-    print(orjson.dumps({"max": row.max_ms, "total": row.total_ms, "p95": row.p95_us}).decode())
+    waited, cpu = _waited_ms() - waited, (time.process_time() - cpu) * 1e3
+    row = Row(lags, per_call, 0, 0.0, waited, cpu)
+    figures = {
+        "max": row.max_ms,
+        "total": row.total_ms,
+        "ran": row.ran_ms,
+        "wait": row.stall_wait_ms,
+        "other": row.other_ms,
+        "p95": row.p95_us,
+        "waited": row.waited,
+        "cpu": row.cpu,
+    }
+    print(orjson.dumps(figures).decode())
 
 
 def in_process(script: str, args: list[str], *path: str) -> dict[str, Any]:
@@ -744,7 +756,10 @@ def old_against_new(old_src: str, calls: int, rounds: int, only: str | None = No
             if only is not None and payload_kind != only:
                 continue
             print(f"\nold against new, {payload_kind} payloads, {calls} calls, {rounds} rounds")
-            print(f"{'':<16}{'max ms':>9}{'total ms':>10}{'p95 us':>9}{'delivered':>11}")
+            print(
+                f"{'':<16}{'max ms':>9}{'total ms':>10}{'ran/wait/other':>16}{'p95 us':>9}"
+                f"{'waited':>9}{'cpu ms':>9}{'delivered':>11}"
+            )
             got: dict[str, list[dict[str, float]]] = {}
             trees = [("old", old_src, "looptrace"), ("new", new_src, "looptrace")]
             for r in range(rounds):
@@ -760,18 +775,25 @@ def old_against_new(old_src: str, calls: int, rounds: int, only: str | None = No
                     expected = 0 if kind == "baseline" else calls
                     figures["delivered"] = sink.wait_for(before + expected, 60) - before
                     got.setdefault(name, []).append(figures)
+                    split = f"{figures['ran']:.0f}/{figures['wait']:.0f}/{figures['other']:.0f}"
                     print(
                         f"{name + ' #' + str(r + 1):<16}{figures['max']:>9.1f}"
-                        f"{figures['total']:>10.1f}{figures['p95']:>9.1f}"
+                        f"{figures['total']:>10.1f}{split:>16}{figures['p95']:>9.1f}"
+                        f"{figures['waited']:>9.1f}{figures['cpu']:>9.0f}"
                         f"{figures['delivered']:>8}/{expected}",
                         flush=True,
                     )
             print("medians:")
             for name, rows in got.items():
+                split = "/".join(
+                    f"{statistics.median(x[k] for x in rows):.0f}" for k in ("ran", "wait", "other")
+                )
                 print(
                     f"  {name:<14}{statistics.median(x['max'] for x in rows):>9.1f}"
-                    f"{statistics.median(x['total'] for x in rows):>10.1f}"
+                    f"{statistics.median(x['total'] for x in rows):>10.1f}{split:>16}"
                     f"{statistics.median(x['p95'] for x in rows):>9.1f}"
+                    f"{statistics.median(x['waited'] for x in rows):>9.1f}"
+                    f"{statistics.median(x['cpu'] for x in rows):>9.0f}"
                 )
     finally:
         sink.close()
