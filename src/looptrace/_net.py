@@ -48,10 +48,9 @@ def is_loopback(host: str) -> bool:
 def wire_compression(choice: str, loopback: bool) -> str:
     """The compression of requests for the ``compression`` setting ``choice``, to a backend on
     this machine (``loopback``, :attr:`HttpSettings.loopback`) or not: ``"auto"`` is none to a
-    loopback address and gzip anywhere else. On loopback the bytes never
-    cross a network, and deflating them cost 1.5-3 us of CPU per span here (up to a fifth of
-    all the CPU tracing a small span took), and the receiver on the same machine more CPU to
-    inflate them."""
+    loopback address and gzip anywhere else. On loopback the bytes never cross a network, and
+    deflating them cost 1.5-3 us of CPU per span here (up to a fifth of all the CPU tracing a
+    small span took), and the receiver on the same machine more CPU to inflate them."""
     if choice != "auto":
         return choice
     return "none" if loopback else "gzip"
