@@ -168,7 +168,9 @@ def main() -> None:
             )
         print(f"{'no tracing (loop)':<20} {cpu_none / total * 1e6:>12.1f} {wall_none:>8.3f}")
         ratio = per_span["otel"] / per_span["looptrace"]
-        print(f"OpenTelemetry SDK / looptrace CPU per span: {ratio:.1f}x (goal >= 5x)")
+        # The design's goal is 5 us a span where OpenTelemetry measured 49.7: in proportion,
+        # since this machine's speed moves from day to day, 9.9x.
+        print(f"OpenTelemetry SDK / looptrace CPU per span: {ratio:.1f}x (goal 9.9x)")
 
 
 if __name__ == "__main__":
