@@ -23,6 +23,10 @@ R = TypeVar("R")
 CURRENT: contextvars.ContextVar[Span | None] = contextvars.ContextVar(
     "looptrace_current_span", default=None
 )
+# Bound once: the decorators' wrappers, span blocks and generators' items activate their span
+# with these directly, on every call or item.
+set_current = CURRENT.set
+reset_current = CURRENT.reset
 
 
 def current_span() -> Span:

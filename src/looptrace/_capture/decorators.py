@@ -16,6 +16,8 @@ from typing import Any, ParamSpec, TypeVar, overload
 from .. import _state
 from .._errors import internal_error
 from .context import CURRENT
+from .context import reset_current as _reset_current
+from .context import set_current as _set_current
 from .generators import _wrap_async_generator, _wrap_generator
 from .spans import CallSite, NonRecordingSpan, Span, SpanContext, SpanKind
 from .start import (
@@ -26,9 +28,6 @@ from .start import (
 )
 
 __all__ = ["span", "start_root", "start_scoped_span", "start_span", "traced"]
-
-_set_current = CURRENT.set
-_reset_current = CURRENT.reset
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -9,12 +9,10 @@ from typing import Any
 
 from .. import _state
 from .._semconv import GENERATOR_CLOSED_EARLY, GENERATOR_ITEMS
-from .context import CURRENT
+from .context import reset_current as _reset_current
+from .context import set_current as _set_current
 from .spans import Span
 from .start import _activate, _bridge_exit, _deactivate
-
-_set_current = CURRENT.set
-_reset_current = CURRENT.reset
 
 
 def _finish_items(s: Span, items: list[Any], count: int, keep: bool) -> None:
