@@ -28,8 +28,8 @@ from looptrace._capture.spans import Span
 from looptrace._encode import SpanEncoder
 from looptrace._export.exporter import SENT, Outcome, Slices
 from looptrace._export.memory import InMemoryExporter
-from looptrace._net import HttpSettings, wire_compression
 from looptrace._transport import InMemoryTransport
+from looptrace._transport.settings import HttpSettings, wire_compression
 
 N = 20_000
 ROUNDS = 5

@@ -324,7 +324,7 @@ def threshold_table() -> None:
         """Loop time to hand a span to a worker that sends it: the hooks, the walk that finds
         its large values, their pieces and the call's pickle (port 9: refused, so the worker
         does all its work but the network)."""
-        from looptrace._net import HttpSettings
+        from looptrace._transport.settings import HttpSettings
 
         await off.ready()
         dest = Destination(

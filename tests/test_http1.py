@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import looptrace
-from looptrace._http1 import MAX_RESPONSE_BYTES, Http1Pool, ProtocolError
-from looptrace._net import LOOPBACK_SNDBUF, HttpSettings
+from looptrace._transport.http11 import MAX_RESPONSE_BYTES, Http11Pool, ProtocolError
+from looptrace._transport.settings import LOOPBACK_SNDBUF, HttpSettings
 from otlp_server import OtlpTestServer
 
 Answer = Callable[[int, int, bytes], bytes | None]
@@ -96,7 +96,7 @@ def post_all(url: str, count: int, headers: tuple[tuple[str, str], ...] = ()) ->
     """``count`` POSTs one after another on one pool; each answer or the error it raised."""
 
     async def run() -> list[object]:
-        pool = Http1Pool(HttpSettings(url, headers))
+        pool = Http11Pool(HttpSettings(url, headers))
         results: list[object] = []
         try:
             for i in range(count):
@@ -148,7 +148,7 @@ def test_a_connection_the_server_closed_while_idle_is_not_used() -> None:
     with OtlpTestServer(idle_timeout=0.1) as server:
 
         async def run() -> list[int]:
-            pool = Http1Pool(HttpSettings(server.endpoint))
+            pool = Http11Pool(HttpSettings(server.endpoint))
             statuses = [(await pool.post(b"", {})).status]
             assert await asyncio.to_thread(server.wait_for_closed, 1)
             statuses.append((await pool.post(b"", {})).status)
@@ -324,7 +324,7 @@ def test_a_loopback_connection_sends_a_large_body_a_bounded_piece_at_a_time(
     body = bytes(range(256)) * (32 << 10)  # 8 MiB
 
     async def run() -> tuple[int, int]:
-        pool = Http1Pool(HttpSettings(server.url))
+        pool = Http11Pool(HttpSettings(server.url))
         try:
             answer = await asyncio.wait_for(pool.post(body, {}), 30)
             sock = pool._idle[0].transport.get_extra_info("socket")  # type: ignore[union-attr]
@@ -363,7 +363,7 @@ def test_an_answer_sent_before_the_body_was_read_is_the_answer() -> None:
     threading.Thread(target=serve, daemon=True).start()
 
     async def run() -> object:
-        pool = Http1Pool(HttpSettings(url))
+        pool = Http11Pool(HttpSettings(url))
         try:
             return await asyncio.wait_for(pool.post(b"x" * (16 << 20), {}), 10)
         except OSError as exc:

@@ -158,7 +158,7 @@ def test_plain_http_to_this_machine_loads_no_ca_bundle() -> None:
     """Plain HTTP to a loopback address never negotiates TLS (no proxy applies there), so the
     client is built without loading a CA bundle; HTTPS, or plain HTTP to another machine
     (whose proxy may speak TLS), gets the verifying context."""
-    from looptrace._net import HttpSettings
+    from looptrace._transport.settings import HttpSettings
 
     def verify(url: str) -> object:
         return HttpSettings.from_config(looptrace.Config.from_env(endpoint=url)).verify()

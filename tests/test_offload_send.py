@@ -17,9 +17,9 @@ import looptrace
 from looptrace import _export, _otlp, _serialize
 from looptrace._capture.spans import Span
 from looptrace._config import Config
-from looptrace._net import HttpSettings
 from looptrace._offload.parent import Destination, Offloader, SendHere, Unsent
 from looptrace._transport import Response, RetryPolicy
+from looptrace._transport.settings import HttpSettings
 from otlp_server import OtlpTestServer
 from pipeline_support import checked_server, install_pipeline
 
@@ -170,7 +170,7 @@ def test_only_a_loopback_backend_gets_the_small_send_buffer(url: str, loopback: 
     """A backend on this machine shares its CPUs, so the worker sends to it in bounded steps
     (and never through a proxy); a remote one keeps the kernel's buffer sizing, which a long
     round trip needs for speed."""
-    from looptrace._net import is_loopback
+    from looptrace._transport.settings import is_loopback
 
     assert is_loopback(urllib.parse.urlsplit(url).hostname or "") is loopback
     assert HttpSettings(url).loopback is loopback
@@ -198,7 +198,7 @@ def test_compression_is_left_out_only_on_loopback_unless_asked_for(
     loopback address that forwards to another machine) is used wherever the backend is. The
     pipeline's requests and the workers' use the same."""
     from looptrace._export.otlp_http import OtlpHttpExporter
-    from looptrace._net import wire_compression
+    from looptrace._transport.settings import wire_compression
 
     assert wire_compression(choice, HttpSettings(url).loopback) == sent
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", choice)

@@ -61,7 +61,7 @@ def test_each_loop_gets_a_client_but_tls_setup_happens_once(
 
     import trustme
 
-    from looptrace import _net
+    from looptrace._transport import settings as _net
 
     ca = trustme.CA()
     ca_file = tmp_path / "ca.pem"

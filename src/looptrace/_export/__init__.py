@@ -148,8 +148,8 @@ def _prepare(cfg: Config) -> None:
     if cfg.offload:
         from .._offload import parent  # noqa: F401
     if cfg.endpoint is not None:
-        from .._net import HttpSettings
         from .._transport import load_client
+        from .._transport.settings import HttpSettings
         from . import otlp_http  # noqa: F401
 
         load_client(HttpSettings.from_config(cfg))

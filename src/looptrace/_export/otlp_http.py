@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable, Sequence, Sized
 from typing import TYPE_CHECKING
 
 from .. import _errors
-from .._net import HttpSettings, wire_compression
 from .._transport import (
     HttpTransport,
     Response,
@@ -28,6 +27,7 @@ from .._transport import (
     in_background,
     parse_retry_after,
 )
+from .._transport.settings import HttpSettings, wire_compression
 from .exporter import SENT, Outcome, Slices, Verdict
 from .stats import OffloadStatistics
 

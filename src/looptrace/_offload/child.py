@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .. import _otlp, _serialize
-from .._net import HttpSettings
+from .._transport.settings import HttpSettings
 
 if TYPE_CHECKING:
     import httpx

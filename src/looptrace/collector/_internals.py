@@ -4,16 +4,17 @@ not offer, named in one place.
 - the store it writes into and serves from (``_store``);
 - the shape a decoded span takes (``_wire.DecodedSpan``), the OTLP media types and the
   compression module's optional zstd (``_otlp``);
-- the settings it starts from (``_config``) and what counts as a loopback address (``_net``).
+- the settings it starts from (``_config``) and what counts as a loopback address
+  (``_transport.settings``).
 """
 
 from __future__ import annotations
 
 from .._config import Config as Config
-from .._net import is_loopback as is_loopback
 from .._otlp import JSON_CONTENT_TYPE as JSON_CONTENT_TYPE
 from .._otlp import PROTOBUF_CONTENT_TYPE as PROTOBUF_CONTENT_TYPE
 from .._otlp import compression as compression
 from .._store import Store as Store
 from .._store import StoreError as StoreError
+from .._transport.settings import is_loopback as is_loopback
 from .._wire import DecodedSpan as DecodedSpan

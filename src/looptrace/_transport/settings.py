@@ -14,14 +14,21 @@ import socket
 import ssl
 import threading
 import urllib.parse
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
     import httpx
 
-    from ._config import Config
+    from .._config import Config
 
-__all__ = ["HttpSettings", "is_loopback", "wire_compression"]
+__all__ = ["HeadersProvider", "HttpSettings", "is_loopback", "wire_compression"]
+
+HeadersProvider = Callable[[], Union[Mapping[str, str], Awaitable[Mapping[str, str]]]]
+"""Called before each request, on the loop that sends it; the headers it returns (an API token
+that refreshes, a signature) go over the configured ones. A coroutine function is awaited
+within the request's timeout. It must not block: a token refreshed over the network is
+refreshed by a coroutine, or by a thread of the application's, and read here."""
 
 # On loopback the kernel runs the receiver's side of TCP inside the sender's system calls, and
 # with its own sizing one send takes a whole 4 MB body: 1.6-2.3 ms of the sending thread's CPU
@@ -65,7 +72,11 @@ class HttpSettings:
     ``certificate_dir`` a directory of CA certificates, ``client_certificate`` and
     ``client_key`` the client's own for mutual TLS. Proxies come from the environment
     (``HTTPS_PROXY``, ``HTTP_PROXY``, ``ALL_PROXY``, ``NO_PROXY``), except for a loopback
-    endpoint, which is always reached directly."""
+    endpoint, which is always reached directly.
+
+    ``headers_provider`` (a :data:`HeadersProvider`) adds headers to each request, over
+    ``headers``; it lives in the application's process only, so with one set, a worker process
+    hands its encoded spans back rather than sending them itself."""
 
     url: str
     headers: tuple[tuple[str, str], ...] = dataclasses.field(default=(), repr=False)
@@ -75,6 +86,7 @@ class HttpSettings:
     client_certificate: str | None = None
     client_key: str | None = None
     max_connections: int = 8
+    headers_provider: HeadersProvider | None = dataclasses.field(default=None, repr=False)
 
     def __repr__(self) -> str:
         return f"HttpSettings({self.url!r}, headers=<{len(self.headers)} redacted>)"
@@ -90,6 +102,7 @@ class HttpSettings:
             client_certificate=cfg.client_certificate,
             client_key=cfg.client_key,
             max_connections=cfg.max_concurrent_requests,
+            headers_provider=getattr(cfg, "headers_provider", None),
         )
 
     @property

@@ -8,31 +8,66 @@ tests, and the retry policy that decides what a response means.
 
 The pipeline owns the loop and the concurrency; a transport only sends one body at a time per
 call and may be called concurrently.
+
+    settings   HttpSettings: where and how, shared with the worker processes (no asyncio)
+    http11     the pool on the loop's own transports, h11 doing all HTTP/1.1 framing
+    proxy      httpx, for an endpoint the environment routes through a proxy
+
+A worker process imports ``settings``, and so this module: asyncio, h11 and httpx are
+imported where they are used, never here.
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import concurrent.futures
-
-# The stdlib imports this submodule on first use, which for asyncio's default executor is the
-# first ``to_thread``: 2-3 ms on the application's loop at the first flush. Here it is paid at
-# import, with the rest of the export path.
-import concurrent.futures.thread
 import dataclasses
-import email.utils
 import os
 import random
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeVar
 
-from ._http1 import MAX_RESPONSE_BYTES, Http1Pool
-from ._http1 import Response as Response  # what every transport answers with
-from ._net import HttpSettings
+from .settings import HttpSettings
+
+if TYPE_CHECKING:
+    import concurrent.futures
+
+__all__ = [
+    "MAX_RESPONSE_BYTES",
+    "HttpTransport",
+    "InMemoryTransport",
+    "RequestHeadersError",
+    "Response",
+    "RetryPolicy",
+    "Transport",
+    "in_background",
+    "load_client",
+    "off_loop",
+    "parse_retry_after",
+]
+
+# A backend's answer is a status and, at most, a short message: no more of its body than this
+# is read, and the connection that carried a longer one is dropped, so a misbehaving backend,
+# proxy or load balancer cannot grow the application's memory.
+MAX_RESPONSE_BYTES = 64 * 1024
+
+
+class Response(NamedTuple):
+    """What a backend answered: the status, its headers and at most ``MAX_RESPONSE_BYTES``
+    of its body."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+class RequestHeadersError(OSError):
+    """The settings' ``headers_provider`` raised, or returned a header that cannot go in a
+    request head: the request is not made, and counts as failed (an OSError, as every failure
+    to get an answer is)."""
+
 
 Verdict = Literal["ok", "retry", "split", "reject"]
 
@@ -66,6 +101,9 @@ async def in_background(fn: Callable[..., T], *args: Any) -> T:
     """Run CPU-heavy export work (compressing a large body) on looptrace's own low-priority
     thread: zlib and zstd release the GIL, and the lowered priority keeps that work from taking
     a core the application's loop wants. Inline when threads can no longer start (exit)."""
+    import asyncio
+    import concurrent.futures
+
     global _background
     pool = _background
     if pool is None:
@@ -85,6 +123,8 @@ async def in_background(fn: Callable[..., T], *args: Any) -> T:
 async def off_loop(fn: Callable[..., T], *args: Any) -> T:
     """Run ``fn`` in the loop's default executor; inline when no executor can run any more
     (interpreter exit: the flusher still has to drain, and blocking its private loop is fine)."""
+    import asyncio
+
     try:
         return await asyncio.to_thread(fn, *args)
     except RuntimeError as exc:
@@ -106,23 +146,25 @@ class Transport(Protocol):
 
 
 def load_client(settings: HttpSettings) -> None:
-    """Load now what building the first request's client will need (a start-up step): httpx's
-    connection pool and async backend for an endpoint behind a proxy, the TLS context for one
-    that needs it. Up to 100-250 ms of Python which, left to the thread that builds the client,
-    would hold the GIL against the loop in 5 ms turns."""
+    """Load now what building the first request's client will need (a start-up step): the
+    client's modules (h11, or httpx's connection pool and async backend for an endpoint behind
+    a proxy), the TLS context for an endpoint that needs it. Up to 100-250 ms of Python which,
+    left to the thread that builds the client, would hold the GIL against the loop in 5 ms
+    turns."""
+    # The stdlib imports this submodule on first use, which for asyncio's default executor is
+    # the first ``to_thread``: 2-3 ms on the application's loop at the first flush.
+    import concurrent.futures.thread  # noqa: F401
+
     if settings.proxied():
-        _load_httpx()
+        from .proxy import load_httpx
+
+        load_httpx()
         settings.verify()
-    elif urllib.parse.urlsplit(settings.url).scheme == "https":
+        return
+    from . import http11  # noqa: F401
+
+    if urllib.parse.urlsplit(settings.url).scheme == "https":
         settings.ssl_context()
-
-
-def _load_httpx() -> None:
-    # httpx imports its async backend on the first request.
-    import anyio._backends._asyncio
-    import anyio.streams.tls  # noqa: F401
-    import httpcore  # noqa: F401
-    import httpx  # noqa: F401
 
 
 class _Client(Protocol):
@@ -131,44 +173,39 @@ class _Client(Protocol):
     async def aclose(self) -> None: ...
 
 
-class _HttpxClient:
-    """Requests through httpx, for an endpoint reached through a proxy."""
+async def provided_headers(settings: HttpSettings) -> dict[str, str]:
+    """What ``settings.headers_provider`` gives for one request, checked as configured headers
+    are; :class:`RequestHeadersError` when it raises or gives what cannot be sent."""
+    provider = settings.headers_provider
+    if provider is None:
+        return {}
+    from .._config import check_header
+    from .._errors import ConfigurationError
 
-    def __init__(self, settings: HttpSettings) -> None:
-        _load_httpx()  # here, off the loop, if start-up did not
-        self.url = settings.url
-        self.client = settings.async_client()
-
-    async def post(self, body: bytes, headers: dict[str, str]) -> Response:
-        import httpx
-
-        try:
-            async with self.client.stream("POST", self.url, content=body, headers=headers) as resp:
-                detail = bytearray()
-                async for part in resp.aiter_raw():
-                    detail += part
-                    if len(detail) >= MAX_RESPONSE_BYTES:
-                        break  # leaving the block unread closes the connection
-                answer = bytes(detail[:MAX_RESPONSE_BYTES])
-                return Response(resp.status_code, resp.headers, answer)
-        except httpx.TransportError as exc:
-            # What every transport raises when nothing was answered, so that the exporter
-            # need not import httpx for the endpoints that never use it.
-            raise ConnectionError(f"{type(exc).__name__}: {exc}") from exc
-
-    async def aclose(self) -> None:
-        await self.client.aclose()
+    try:
+        got = provider()
+        if not isinstance(got, Mapping):
+            got = await got
+        fields = dict(got)
+        for name, value in fields.items():
+            check_header(name, value)
+    except ConfigurationError as exc:
+        raise RequestHeadersError(f"headers_provider: {exc}") from None
+    except Exception as exc:
+        # The message only: a provider's error may quote the secret it failed to make.
+        raise RequestHeadersError(f"headers_provider raised {type(exc).__name__}") from exc
+    return fields
 
 
 class HttpTransport:
     """OTLP/HTTP to ``settings.url``, over a client created on first use on the sending loop:
-    :class:`~looptrace._http1.Http1Pool` when the endpoint is reached directly, httpx when
-    the environment names a proxy for it (:meth:`HttpSettings.proxied`).
+    :class:`~looptrace._transport.http11.Http11Pool` when the endpoint is reached directly,
+    httpx when the environment names a proxy for it (:meth:`HttpSettings.proxied`).
 
     ``settings`` (or a URL, with ``headers``) says where and how: the same
-    :class:`~looptrace._net.HttpSettings` a worker process builds its own client from. A
-    client's connections belong to one event loop, so each flusher home (one loop) gets its
-    own HttpTransport.
+    :class:`~looptrace._transport.settings.HttpSettings` a worker process builds its own client
+    from. A client's connections belong to one event loop, so each flusher home (one loop) gets
+    its own HttpTransport.
     """
 
     def __init__(
@@ -185,9 +222,12 @@ class HttpTransport:
         return f"HttpTransport({self.settings!r})"
 
     async def send(self, body: bytes, headers: Mapping[str, str]) -> Response:
-        """POST ``body``. ``settings.timeout`` bounds the whole request, answer included (a
-        server that answers a byte at a time does not hold it longer): past it,
-        ``TimeoutError``. At most ``MAX_RESPONSE_BYTES`` of the answer's body are read."""
+        """POST ``body``. ``settings.timeout`` bounds the whole request, the headers provider
+        and the answer included (a server that answers a byte at a time does not hold it
+        longer): past it, ``TimeoutError``, and the connection is aborted. At most
+        ``MAX_RESPONSE_BYTES`` of the answer's body are read."""
+        import asyncio
+
         client = self._client
         if client is None:
             # A client for an HTTPS endpoint loads the TLS trust store (tens to hundreds of
@@ -198,12 +238,22 @@ class HttpTransport:
             else:  # another send built one meanwhile
                 await client.aclose()
                 client = self._client
-        return await asyncio.wait_for(client.post(body, dict(headers)), self.settings.timeout)
+        request = self._post(client, body, headers)
+        return await asyncio.wait_for(request, self.settings.timeout)
+
+    async def _post(self, client: _Client, body: bytes, headers: Mapping[str, str]) -> Response:
+        fields = await provided_headers(self.settings)
+        fields.update(headers)
+        return await client.post(body, fields)
 
     def _new_client(self) -> _Client:
         if self.settings.proxied():
-            return _HttpxClient(self.settings)
-        return Http1Pool(self.settings)
+            from .proxy import HttpxClient
+
+            return HttpxClient(self.settings)
+        from .http11 import Http11Pool
+
+        return Http11Pool(self.settings)
 
     async def aclose(self) -> None:
         client, self._client = self._client, None
@@ -289,6 +339,8 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     try:
         seconds = float(value)
     except ValueError:
+        import email.utils  # 20 ms of imports, for the rare HTTP-date form
+
         try:
             when = email.utils.parsedate_to_datetime(value)
         except (TypeError, ValueError, IndexError):
