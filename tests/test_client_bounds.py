@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import looptrace
+from loop_matrix import loop_kind  # noqa: F401
 from otlp_server import OtlpTestServer
 
 LARGE = "QUJD" * 200_000  # a worker serializes and sends a span carrying this
@@ -178,6 +179,7 @@ def test_a_huge_or_endless_answer_does_not_grow_the_application(run_app: Any, mo
     assert int(peak) < normal + 30, f"peak RSS {peak} MB against {normal} MB"
 
 
+@pytest.mark.usefixtures("loop_kind")
 async def test_an_answer_that_trickles_in_is_a_failure_within_the_timeout() -> None:
     """A backend that sends its headers and then a byte every 0.2 s holds no request past
     ``export_timeout``, on the application's path and a worker's alike: each request fails,
@@ -207,6 +209,7 @@ async def test_an_answer_that_trickles_in_is_a_failure_within_the_timeout() -> N
     assert stats.in_flight_spans == 0
 
 
+@pytest.mark.usefixtures("loop_kind")
 async def test_failed_sends_come_back_within_the_byte_budget() -> None:
     """Batches in flight when the backend fails come back while the pending spans already
     fill ``max_buffer_bytes``: the budget still holds (the oldest are dropped and counted as

@@ -1,6 +1,6 @@
 """The application's HTTP/1.1 client against real servers on 127.0.0.1: well-behaved ones that
 keep connections alive or close them, and ones that answer in every framing HTTP/1.1 allows,
-badly, or not at all."""
+badly, or not at all; under asyncio, asyncio's debug mode and uvloop (``loop_matrix``)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import looptrace
+from loop_matrix import loop_kind  # noqa: F401
 from looptrace._transport.http11 import MAX_RESPONSE_BYTES, Http11Pool, ProtocolError
 from looptrace._transport.settings import LOOPBACK_SNDBUF, HttpSettings
 from otlp_server import OtlpTestServer
+
+pytestmark = pytest.mark.usefixtures("loop_kind")
 
 Answer = Callable[[int, int, bytes], bytes | None]
 """(connection number, request number on it, request head) -> the bytes to answer, or None to

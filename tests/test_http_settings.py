@@ -15,7 +15,11 @@ import pytest
 import trustme
 
 import looptrace
+from loop_matrix import loop_kind  # noqa: F401
 from otlp_server import OtlpTestServer
+
+# TLS, client certificates and proxies under asyncio, its debug mode and uvloop.
+pytestmark = pytest.mark.usefixtures("loop_kind")
 
 LARGE = "QUJD" * 200_000  # over the offload threshold: a worker serializes and sends it
 
