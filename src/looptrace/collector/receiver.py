@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ._internals import JSON_CONTENT_TYPE, PROTOBUF_CONTENT_TYPE, Store, StoreError
+from .bodies import BodyTooLarge
 from .decode import DecodeError, TooManySpans, decode_request
 
 _MEDIA_TYPES = {
@@ -158,11 +159,8 @@ async def _receive(request: Request, limits: Limits, taken: list[int]) -> Respon
                 limits.max_spans,
             )
         except DecodeError as exc:
-            message = str(exc)
-            too_big = isinstance(exc, TooManySpans) or message.startswith(
-                "decompressed body exceeds"
-            )
-            return _otlp_response(encoding, 413 if too_big else 400, message)
+            too_big = isinstance(exc, (TooManySpans, BodyTooLarge))
+            return _otlp_response(encoding, 413 if too_big else 400, str(exc))
         body.clear()
         try:
             store.write(spans)
