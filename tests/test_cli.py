@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -275,6 +276,84 @@ def test_serve_takes_the_token_from_the_environment(
     assert args[:3] == ("0.0.0.0", 4318, tmp_path / "s.db")
     assert kwargs["token"] == "tok-123"
     assert "tok-123" not in result.output
+
+
+def serve_command(store: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "looptrace.cli", "--store", str(store), "serve", *args]
+
+
+def test_serve_on_a_taken_port_exits_4_without_announcing(tmp_path: Path) -> None:
+    """`serve --port N` where N is taken: one line naming the address and the error, no
+    banner, and exit status 4, which --help documents as "cannot listen"."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            serve_command(tmp_path / "s.db", "--port", str(port), "--no-viewer"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == cli.EXIT_CANNOT_LISTEN == 4
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"looptrace: cannot listen on 127.0.0.1:{port}: ")
+    assert len(line) > len(f"looptrace: cannot listen on 127.0.0.1:{port}: ")  # the OS's reason
+    assert "looptrace collector" not in proc.stdout + proc.stderr
+    helped = CliRunner().invoke(cli.main, ["serve", "--help"])
+    assert "4 cannot listen" in " ".join(helped.output.split())
+
+
+def test_serve_with_an_unusable_store_exits_1_before_listening(tmp_path: Path) -> None:
+    """A store file that is not a database: `serve` says so in one line and exits 1, without
+    announcing or listening."""
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not a database" * 100)
+    proc = subprocess.run(
+        serve_command(junk, "--port", "0", "--no-viewer"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == cli.EXIT_FAILURE
+    assert "looptrace collector" not in proc.stderr
+    assert str(junk) in proc.stderr
+
+
+def test_serve_announces_only_an_address_it_holds(tmp_path: Path) -> None:
+    """`serve --port 0`: the banner names the port the collector holds (the one the system
+    picked), which answers at once; SIGTERM stops it."""
+    import threading
+
+    import httpx
+
+    proc = subprocess.Popen(
+        serve_command(tmp_path / "s.db", "--port", "0", "--no-viewer"),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    watchdog = threading.Timer(60, proc.kill)
+    watchdog.start()
+    try:
+        assert proc.stderr is not None
+        banner = proc.stderr.readline()
+        found = re.search(r"http://localhost:(\d+)", banner)
+        assert found is not None, banner
+        port = int(found.group(1))
+        assert port != 0
+        answer = httpx.get(f"http://127.0.0.1:{port}/api/stats", timeout=30)
+        assert answer.status_code == 200
+        proc.terminate()
+        code = proc.wait(timeout=30)
+    finally:
+        watchdog.cancel()
+        proc.kill()
+        proc.wait()
+    if sys.platform != "win32":
+        # uvicorn shuts down, then re-raises the signal (older versions return 0).
+        assert code in (0, -signal.SIGTERM)
 
 
 def test_llm_spans_and_experiment_tokens(tmp_path: Path) -> None:

@@ -29,15 +29,20 @@ NOW = time.time_ns()
 
 
 @contextlib.contextmanager
-def running_collector(store_path: Path, http: Any = "auto", **options: Any) -> Iterator[str]:
+def running_collector(
+    store_path: Path, http: Any = "auto", loop: str = "auto", **options: Any
+) -> Iterator[str]:
     """The collector app under uvicorn in a background thread, on an ephemeral port
-    (``http``: uvicorn's HTTP protocol, as ``looptrace serve`` may choose its own)."""
+    (``http``: uvicorn's HTTP protocol, as ``looptrace serve`` may choose its own; ``loop``:
+    uvicorn's event loop, ``"auto"`` being uvloop whenever it is installed)."""
     app = create_app(store_path, **options)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", http=http)
+        uvicorn.Config(
+            app, log_level="warning", access_log=False, lifespan="on", http=http, loop=loop
+        )
     )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -2,7 +2,8 @@
 
 Exit codes: 0 success; 1 something failed (an unusable store, a missing extra); 2 bad usage (an
 unknown option, a configuration that is refused, such as a public address without a token);
-3 not found (no trace or experiment with that id).
+3 not found (no trace or experiment with that id); 4 cannot listen (``serve``: the port is
+taken or the address is not this machine's).
 
 The group and its ``--store`` option are here; each command lives in a module of its own
 (``_demo``, ``_traces`` for ``traces`` and ``show``, ``_experiments``, ``_serve``), on what
@@ -17,6 +18,7 @@ from pathlib import Path
 import click
 
 from ._common import _EPILOG as _EPILOG
+from ._common import EXIT_CANNOT_LISTEN as EXIT_CANNOT_LISTEN
 from ._common import EXIT_FAILURE as EXIT_FAILURE
 from ._common import EXIT_NOT_FOUND as EXIT_NOT_FOUND
 from ._common import EXIT_USAGE as EXIT_USAGE

@@ -15,9 +15,10 @@ from .._config import Config
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 3
+EXIT_CANNOT_LISTEN = 4
 
 _EPILOG = (
-    "Exit codes: 0 success, 1 failure, 2 bad usage, 3 not found. "
+    "Exit codes: 0 success, 1 failure, 2 bad usage, 3 not found, 4 cannot listen (serve). "
     "The store is LOOPTRACE_STORE, or ~/.local/share/looptrace/traces.db."
 )
 

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from .._config import Config
-from ._common import _EPILOG, EXIT_USAGE, _fail, _store_path
+from ._common import _EPILOG, EXIT_CANNOT_LISTEN, EXIT_USAGE, _fail, _open_store, _store_path
 
 
 @click.command(epilog=_EPILOG)
@@ -64,14 +64,17 @@ def serve(
 ) -> None:
     """Run the collector: OTLP/HTTP on POST /v1/traces (protobuf or JSON, gzip or zstd) into
     the local store, the JSON API under /api, and the viewer. Any OpenTelemetry SDK can send
-    to it: OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318."""
+    to it: OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318.
+
+    Exits 4 when the address cannot be listened on (the port is taken, the address is not
+    this machine's), before announcing anything; 1 when the store cannot be opened."""
     from ..collector import MissingServerExtra, _require_server_extra
 
     try:
         _require_server_extra()
     except MissingServerExtra as exc:
         _fail(str(exc))
-    from ..collector.app import is_loopback
+    from ..collector.app import CannotListen, is_loopback
     from ..collector.app import serve as run_server
 
     if token is None:
@@ -84,14 +87,20 @@ def serve(
             EXIT_USAGE,
         )
     path = _store_path(ctx)
+    # An unusable store is said before anything listens (exit 1), not as a failed startup.
+    _open_store(ctx, must_exist=False).close()
     extra = [] if no_viewer else _viewer_routes()
-    shown = "localhost" if host in ("127.0.0.1", "::1") else host
-    click.echo(f"looptrace collector: http://{shown}:{port}  (store: {path})", err=True)
-    click.echo(f"  send OTLP/HTTP to http://{shown}:{port}/v1/traces", err=True)
-    if extra:
-        click.echo(f"  viewer: http://{shown}:{port}/", err=True)
-    if token:
-        click.echo("  a token is required on every request", err=True)
+
+    def announce(bound_host: str, bound_port: int) -> None:
+        # Called once the socket is bound: the address printed is already ours.
+        shown = "localhost" if bound_host in ("127.0.0.1", "::1", "[::1]") else bound_host
+        click.echo(f"looptrace collector: http://{shown}:{bound_port}  (store: {path})", err=True)
+        click.echo(f"  send OTLP/HTTP to http://{shown}:{bound_port}/v1/traces", err=True)
+        if extra:
+            click.echo(f"  viewer: http://{shown}:{bound_port}/", err=True)
+        if token:
+            click.echo("  a token is required on every request", err=True)
+
     try:
         run_server(
             host,
@@ -104,9 +113,12 @@ def serve(
             max_spans_per_request=max_spans_per_request,
             extra_routes=extra,
             log_level=log_level,
+            ready=announce,
         )
-    except OSError as exc:
-        _fail(f"cannot listen on {host}:{port}: {exc}")
+    except CannotListen as exc:
+        _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", EXIT_CANNOT_LISTEN)
+    except RuntimeError as exc:
+        _fail(str(exc))
 
 
 def _viewer_routes() -> list[Any]:

@@ -4,8 +4,9 @@ uvicorn with a deadline on each request's head.
 
 The parts: ``decode`` (OTLP request bodies into spans, with opentelemetry-proto), ``receiver``
 (bodies in, spans committed, OTLP answers out), ``api`` (the viewer's data), ``gate`` (the
-token), and this module (the app, its defaults, the server). With a token set, every route,
-the API and the viewer included, requires it.
+token, or without one the ``Host`` check), and this module (the app, its defaults, the
+server). With a token set, every route, the API and the viewer included, requires it; without
+one, every route answers only requests whose ``Host`` names this machine.
 
 The viewer adds its routes through ``create_app(..., extra_routes=[...])``; its handlers find the
 store at ``request.app.state.store``.
@@ -14,7 +15,9 @@ store at ``request.app.state.store``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,7 @@ from starlette.routing import BaseRoute
 
 from ._internals import Store, is_loopback
 from .api import api_routes
-from .gate import TokenGate
+from .gate import HostGate, TokenGate
 from .receiver import Limits
 
 __all__ = [
@@ -37,6 +40,7 @@ __all__ = [
     "DEFAULT_MAX_SPANS_PER_REQUEST",
     "DEFAULT_MAX_TRACE_SPANS",
     "DEFAULT_PORT",
+    "CannotListen",
     "api_routes",
     "create_app",
     "is_loopback",
@@ -70,12 +74,16 @@ def create_app(
     max_trace_spans: int = DEFAULT_MAX_TRACE_SPANS,
     extra_routes: Sequence[BaseRoute] = (),
     store: Store | None = None,
+    allowed_hosts: Sequence[str] = (),
 ) -> Any:
     """The collector as an ASGI app.
 
     ``store_path`` defaults to the configured store (``LOOPTRACE_STORE``), with its retention
     settings; pass ``store`` to share an open Store. ``extra_routes`` come after ``/v1/traces``
     and ``/api/...`` (the viewer's pages). With ``token``, every request must carry it.
+    Without one, a request is answered only if its ``Host`` header names a loopback address,
+    ``localhost`` or one of ``allowed_hosts`` (403 otherwise): the defence against DNS
+    rebinding.
     """
     if store is None:
         from ._internals import Config
@@ -103,7 +111,34 @@ def create_app(
     app.state.max_trace_spans = max_trace_spans
     if token:
         app.add_middleware(TokenGate, token=token)
+    else:
+        app.add_middleware(HostGate, allowed=tuple(allowed_hosts))
     return app
+
+
+class CannotListen(OSError):
+    """The collector's address cannot be listened on (taken, not this machine's, no permission)."""
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` (port 0: any free one), as uvicorn would bind it
+    (IPv6 for an address with a colon, brackets allowed; IPv4 for a name). Raises
+    :class:`CannotListen`. On Windows the address is claimed exclusively: there ``SO_REUSEADDR``
+    would let the bind succeed on a port another server is listening on."""
+    address = host.strip("[]")
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        if sys.platform == "win32":
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_EXCLUSIVEADDRUSE, 1)  # type: ignore[attr-defined,unused-ignore]
+        else:
+            # Only lets a restart bind over connections of the last run still in TIME_WAIT.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
+    except OSError as exc:
+        sock.close()
+        raise CannotListen(exc.errno, exc.strerror or str(exc)) from None
+    return sock
 
 
 def header_timeout_protocol(seconds: float) -> Any:
@@ -167,9 +202,16 @@ def serve(
     header_timeout: float = DEFAULT_HEADER_TIMEOUT,
     extra_routes: Sequence[BaseRoute] = (),
     log_level: str = "warning",
+    ready: Callable[[str, int], None] | None = None,
 ) -> None:
     """Run the collector with uvicorn until interrupted. Refuses a non-loopback ``host``
-    without a ``token`` (ValueError)."""
+    without a ``token`` (ValueError).
+
+    The address is bound before anything else happens: :class:`CannotListen` if it cannot
+    be, and only then ``ready(host, port)`` (the port bound: ``port=0`` picks a free one), so a
+    caller announces an address that is already its own. A server that fails to start after
+    that (the application's startup failed) raises RuntimeError.
+    """
     import uvicorn
 
     if not is_loopback(host) and not token:
@@ -185,11 +227,11 @@ def serve(
         max_pending_bytes=max_pending_bytes,
         max_spans_per_request=max_spans_per_request,
         extra_routes=extra_routes,
+        allowed_hosts=(host,),
     )
+    sock = listen(host, port)
     config = uvicorn.Config(
         app,
-        host=host,
-        port=port,
         log_level=log_level,
         # The access log would print query strings (a viewer link may carry ?token=); headers
         # are never logged by anything here.
@@ -198,4 +240,20 @@ def serve(
         lifespan="on",
         http=header_timeout_protocol(header_timeout),
     )
-    uvicorn.Server(config).run()
+    server = uvicorn.Server(config)
+    try:
+        # Listening already: a client that connects as soon as it reads the announcement
+        # waits in the backlog for the server, instead of being refused.
+        sock.listen(config.backlog)
+        if ready is not None:
+            ready(host, sock.getsockname()[1])
+        try:
+            server.run(sockets=[sock])
+        except SystemExit as exc:
+            # uvicorn exits the process when the application's startup fails; the caller
+            # decides what that means, with the reason uvicorn has logged.
+            raise RuntimeError(
+                f"the collector did not start (uvicorn exit status {exc.code})"
+            ) from None
+    finally:
+        sock.close()

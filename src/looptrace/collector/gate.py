@@ -1,14 +1,18 @@
-"""The token gate: with a token set, every HTTP request must carry it."""
+"""The gates in front of every route: with a token set, every HTTP request must carry it
+(``TokenGate``); without one, every request must name this machine in its ``Host`` header
+(``HostGate``), which keeps a web page that rebinds its own DNS name to 127.0.0.1 from reading
+the collector through the browser of the person running it."""
 
 from __future__ import annotations
 
 import hmac
 import urllib.parse
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from starlette.responses import Response
 
+from ._internals import is_loopback
 from .api import JSONResponse
 
 TOKEN_COOKIE = "looptrace_token"
@@ -62,5 +66,54 @@ class TokenGate:
             {"error": "missing or wrong token: send 'Authorization: Bearer <token>'"},
             status_code=401,
             headers={"www-authenticate": "Bearer"},
+        )
+        await response(scope, receive, send)
+
+
+class HostGate:
+    """Answers only requests whose ``Host`` names this machine: a loopback address
+    (127.0.0.0/8, ``[::1]``), ``localhost``, or one of ``allowed`` (the address the server was
+    told to listen on), with or without a port. Anything else gets 403.
+
+    Without a token, the collector's only protection is that nothing off this machine reaches
+    it. A web page can get past that: its DNS name, first resolved to the attacker's server,
+    is re-resolved to 127.0.0.1, and the page's scripts then read the collector as the same
+    origin. Their requests still carry the page's own name in ``Host``, which is what is
+    checked (Jupyter and the dev servers of web frameworks guard the same way). A request
+    without ``Host`` (HTTP/1.0) is let through: every browser sends one."""
+
+    def __init__(self, app: _ASGIApp, allowed: Iterable[str] = ()) -> None:
+        self.app = app
+        self.allowed = frozenset(h.strip("[]").lower() for h in allowed if h)
+
+    def host_ok(self, host: str) -> bool:
+        # The Host header is parsed by the standard library's URL splitter; anything besides a
+        # host and a port (user info, a path) is refused rather than interpreted.
+        try:
+            parts = urllib.parse.urlsplit("//" + host)
+            name, _ = parts.hostname, parts.port
+        except ValueError:
+            return False
+        if not name or parts.username is not None or parts.path or parts.query or parts.fragment:
+            return False
+        return is_loopback(name) or name in self.allowed
+
+    async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        hosts = [v for k, v in scope["headers"] if k == b"host"]
+        if not hosts or (len(hosts) == 1 and self.host_ok(hosts[0].decode("latin-1"))):
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        response = JSONResponse(
+            {
+                "error": "this collector answers only requests addressed to this machine "
+                "(Host: 127.0.0.1, localhost or [::1]); set a token to serve other names"
+            },
+            status_code=403,
         )
         await response(scope, receive, send)
