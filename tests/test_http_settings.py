@@ -109,6 +109,7 @@ class _Proxy:
 
     def __init__(self) -> None:
         self.targets: list[str] = []
+        self.authorizations: list[str | None] = []
         owner = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -120,6 +121,7 @@ class _Proxy:
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers["Content-Length"]))
                 owner.targets.append(self.path)
+                owner.authorizations.append(self.headers.get("Authorization"))
                 self.send_response(200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -156,6 +158,33 @@ async def test_both_processes_go_through_the_proxy_from_the_environment(
     assert (await looptrace.flush(timeout=30)).ok
     assert proxy.targets == [endpoint, endpoint]
     assert looptrace.statistics().offload.offloaded == 1
+
+
+async def test_a_headers_provider_applies_through_the_proxy_too(
+    proxy: _Proxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The headers provider is asked before each request on the httpx route as on the direct
+    one: each request through the proxy carries the token it returned then."""
+    from looptrace._transport import HttpTransport
+    from looptrace._transport.settings import HttpSettings
+
+    monkeypatch.setenv("HTTP_PROXY", proxy.url)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    tokens = iter(range(10))
+
+    async def provider() -> dict[str, str]:
+        return {"Authorization": f"Bearer t{next(tokens)}"}
+
+    settings = HttpSettings("http://otlp.backend.invalid:4318/v1/traces", headers_provider=provider)
+    assert settings.proxied()
+    transport = HttpTransport(settings)
+    try:
+        statuses = [(await transport.send(b"{}", {})).status for _ in range(2)]
+    finally:
+        await transport.aclose()
+    assert statuses == [200, 200]
+    assert proxy.authorizations == ["Bearer t0", "Bearer t1"]
 
 
 def test_plain_http_to_this_machine_loads_no_ca_bundle() -> None:

@@ -243,7 +243,7 @@ def test_a_head_too_large_is_refused(
         b"HTTP/1.1 200 OK\r\n Folded: header\r\nContent-Length: 0\r\n\r\n",
     ],
     ids=["status-2000", "chunk-0x2", "chunk-0_2", "chunk-minus-1", "length-plus", "length-list",
-         "unknown-coding", "leading-space"],
+         "unknown-coding", "continuation-first"],
 )  # fmt: skip
 def test_answers_http_forbids_are_refused(
     backend: Callable[[Callable[[socket.socket], None]], Backend], reply: bytes

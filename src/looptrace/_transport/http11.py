@@ -78,6 +78,8 @@ MAX_INTERIM = 10
 # Parsed events (a head, a piece of body, an interim answer) per loop callback: one event costs
 # a few microseconds, so a step stays well under a millisecond whatever arrived at once.
 EVENTS_PER_STEP = 32
+# Requests up to this size go to the transport as one piece (head and body joined).
+_ONE_WRITE_BYTES = 64 * 1024
 
 
 class ProtocolError(ConnectionError):
@@ -185,12 +187,16 @@ class _Connection(asyncio.Protocol):
         answer = self._answer = self._loop.create_future()
         try:
             try:
-                transport.write(self._h11.send(request) or b"")
+                pieces = [self._h11.send(request) or b""]
                 if body:
-                    # Passed through as it is: h11 frames, the body is not copied.
-                    for piece in self._h11.send_with_data_passthrough(h11.Data(data=body)) or ():
-                        transport.write(piece)
-                transport.write(self._h11.send(h11.EndOfMessage()) or b"")
+                    # h11 frames the body and passes it through uncopied.
+                    pieces += self._h11.send_with_data_passthrough(h11.Data(data=body)) or ()
+                pieces.append(self._h11.send(h11.EndOfMessage()) or b"")
+                if len(body) <= _ONE_WRITE_BYTES:
+                    # One send for a small request: a system call costs more than the copy.
+                    transport.write(b"".join(pieces))
+                else:
+                    transport.writelines(pieces)
             except h11.LocalProtocolError as exc:
                 raise ProtocolError(f"the request could not be framed: {exc}") from None
             if self.ended:  # lost before the request went out

@@ -105,6 +105,11 @@ class HttpSettings:
             headers_provider=getattr(cfg, "headers_provider", None),
         )
 
+    def worker_can_send(self) -> bool:
+        """Whether a worker process can send with these settings as the application does: not
+        with a ``headers_provider``, which lives in the application's process."""
+        return self.headers_provider is None
+
     @property
     def loopback(self) -> bool:
         return is_loopback(urllib.parse.urlsplit(self.url).hostname or "")
