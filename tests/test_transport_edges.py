@@ -24,6 +24,7 @@ import looptrace
 from loop_matrix import loop_kind  # noqa: F401
 from looptrace._transport import HttpTransport, RequestHeadersError, Response
 from looptrace._transport.http11 import (
+    EVENTS_PER_STEP,
     MAX_HEAD_BYTES,
     MAX_INTERIM,
     MAX_RESPONSE_BYTES,
@@ -50,6 +51,8 @@ class Backend:
     def __init__(self, answer: Callable[[socket.socket], None]) -> None:
         self.answer = answer
         self.requests = 0
+        self.connections = 0
+        self.keep_alive = False  # serve further requests on a connection after an answer
         self._sock = socket.create_server(("127.0.0.1", 0))
         self._stop = threading.Event()
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}/v1/traces"
@@ -61,31 +64,35 @@ class Backend:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
+            self.connections += 1
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
             try:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    part = conn.recv(65536)
-                    if not part:
+                while True:
+                    data = b""
+                    while b"\r\n\r\n" not in data:
+                        part = conn.recv(65536)
+                        if not part:
+                            return
+                        data += part
+                    head, _, rest = data.partition(b"\r\n\r\n")
+                    length = 0
+                    for line in head.split(b"\r\n")[1:]:
+                        name, _, value = line.partition(b":")
+                        if name.strip().lower() == b"content-length":
+                            length = int(value)
+                    left = length - len(rest)
+                    while left > 0:
+                        part = conn.recv(min(left, 1 << 20))
+                        if not part:
+                            return
+                        left -= len(part)
+                    self.requests += 1
+                    self.answer(conn)
+                    if not self.keep_alive:
                         return
-                    data += part
-                head, _, rest = data.partition(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n")[1:]:
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                left = length - len(rest)
-                while left > 0:
-                    part = conn.recv(min(left, 1 << 20))
-                    if not part:
-                        return
-                    left -= len(part)
-                self.requests += 1
-                self.answer(conn)
             except OSError:
                 return
 
@@ -205,6 +212,38 @@ def test_a_body_of_one_byte_chunks_is_read_in_short_steps(
     assert isinstance(result, Response), result
     assert result.status == 400 and result.body == b"x" * MAX_RESPONSE_BYTES
     assert lag < MAX_STEP_LAG, f"the loop was held {lag * 1e3:.1f} ms"
+
+
+def test_an_answer_read_over_several_steps_leaves_its_connection_reusable(
+    backend: Callable[[Callable[[socket.socket], None]], Backend],
+) -> None:
+    """An answer of a few hundred small chunks takes several loop steps to parse; the kept-alive
+    connection then carries the next request, whose answer is read as usual."""
+    chunked = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"1\r\nx\r\n" * (EVENTS_PER_STEP * 5)
+        + b"0\r\n\r\n"
+    )
+
+    def answer(conn: socket.socket) -> None:
+        conn.sendall(chunked)
+
+    server = backend(answer)
+    server.keep_alive = True
+
+    async def run() -> list[tuple[int, int]]:
+        pool = Http11Pool(HttpSettings(server.url))
+        try:
+            got = []
+            for _ in range(3):
+                response = await asyncio.wait_for(pool.post(b"{}", {}), 10)
+                got.append((response.status, len(response.body)))
+            return got
+        finally:
+            await pool.aclose()
+
+    assert asyncio.run(run()) == [(200, EVENTS_PER_STEP * 5)] * 3
+    assert server.connections == 1
 
 
 def test_a_head_too_large_is_refused(

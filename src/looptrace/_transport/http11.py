@@ -137,7 +137,8 @@ class _Connection(asyncio.Protocol):
             return
         self._heard = True
         self._h11.receive_data(data)
-        self._step()
+        if self._later is None:  # else a step is already due, on the loop's next turn
+            self._step()
 
     def eof_received(self) -> bool:
         self._end_of_input()
@@ -206,8 +207,9 @@ class _Connection(asyncio.Protocol):
             await answer
         finally:
             self._answer = None
-        if self._failure is not None:
-            raise self._failure
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
         response = Response(self._status, self._headers, bytes(self._body))
         reusable = (
             self._whole
@@ -248,6 +250,10 @@ class _Connection(asyncio.Protocol):
         answer = self._answer
         if answer is not None and not answer.done():
             answer.set_result(None)
+        if self._reading_paused and not self.ended and self.transport is not None:
+            # Held for a step that found the end: the next request's answer must be read.
+            self._reading_paused = False
+            self.transport.resume_reading()
 
     def _step(self) -> None:
         """Take at most EVENTS_PER_STEP events from h11; the rest on the loop's next turn."""
