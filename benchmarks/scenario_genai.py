@@ -115,6 +115,8 @@ def caller_path_costs(prompt: str, repeat: int = 2000) -> tuple[float, float]:
     from looptrace._genai import _core, _openai
 
     kwargs: dict[str, Any] = {"model": "gpt-4o", "messages": [{"role": "user", "content": prompt}]}
+    # The resource a call is made on: its client's base_url gives server.address / server.port.
+    resource = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="sk-bench").chat.completions
     response = openai.types.chat.ChatCompletion.model_validate(
         {
             "id": "c",
@@ -142,13 +144,13 @@ def caller_path_costs(prompt: str, repeat: int = 2000) -> tuple[float, float]:
     with spans_dropped(), looptrace.span("bench"):
         for _ in range(repeat):
             t0 = time.perf_counter()
-            call = _openai._begin_chat(kwargs)
+            call = _openai._begin_chat(resource, kwargs)
             _openai._done_chat(call, kwargs, response)
             t1 = time.perf_counter()
             for _ in iter(chunks):
                 pass
             t2 = time.perf_counter()
-            call = _openai._begin_chat(stream_kwargs)
+            call = _openai._begin_chat(resource, stream_kwargs)
             for _ in _core.SyncStream(iter(chunks), _openai._ChatStream(call)):
                 pass
             t3 = time.perf_counter()

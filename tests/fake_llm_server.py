@@ -4,9 +4,12 @@
         client = openai.OpenAI(base_url=llm.openai_url, api_key="sk-test", max_retries=0)
 
 The reply is ``reply`` split into words (one stream chunk per word). A request whose model
-contains ``bad-request`` gets a 400 error body, ``rate-limited`` a 429. A request that offers
-tools gets a tool call back. ``hold()`` makes streams stop after their first content chunk until
-``release()``, so a test can act (close, cancel) at a known point without timing anything.
+contains ``bad-request`` gets a 400 error body, ``rate-limited`` a 429, ``server-error`` a 500.
+A request that offers tools gets a tool call back. ``cached_tokens``, ``cache_creation_tokens``
+and ``reasoning_tokens``, when set, are reported in the usage the way each API reports them. ``hold()`` makes streams stop after their first content chunk until
+``release()``, so a test can act (close, cancel) at a known point without timing anything;
+``one_write`` sends a whole stream in one write instead, so the client has read all of it
+before the caller sees its first chunk.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ TOOL_ARGUMENTS = '{"city": "Paris"}'
 class FakeLlmServer:
     def __init__(self, reply: str = "Hello from the fake model") -> None:
         self.reply = reply
+        self.cached_tokens = 0
+        self.cache_creation_tokens = 0
+        self.reasoning_tokens = 0
+        self.one_write = False
         self.requests: list[tuple[str, dict[str, str], Any]] = []
         self.keep_requests = True
         self._gate = threading.Event()
@@ -114,10 +121,12 @@ class FakeLlmServer:
             return
         model = str(body.get("model", ""))
         anthropic = path.startswith("/v1/messages")
-        if "bad-request" in model or "rate-limited" in model:
-            status = 400 if "bad-request" in model else 429
+        status = _ERRORS.get(next((k for k in _ERRORS if k in model), ""), 0)
+        if status:
             if anthropic:
-                kind = "invalid_request_error" if status == 400 else "rate_limit_error"
+                kind = {400: "invalid_request_error", 429: "rate_limit_error"}.get(
+                    status, "api_error"
+                )
                 error: dict[str, Any] = {
                     "type": "error",
                     "error": {"type": kind, "message": f"fake {status}"},
@@ -153,14 +162,14 @@ class FakeLlmServer:
         h.send_header("transfer-encoding", "chunked")
         h.end_headers()
         content_seen = False
+        if self.one_write:  # the body and its end in one write: the client reads all of it at once
+            data = "".join(_sse(event, named) for event in events).encode()
+            h.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n0\r\n\r\n")
+            h.wfile.flush()
+            self.stream_ended.set()
+            return
         for event in events:
-            if event == "[DONE]":
-                data = "data: [DONE]\n\n"
-            elif named:
-                data = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
-            else:
-                data = f"data: {json.dumps(event)}\n\n"
-            _chunk(h, data.encode())
+            _chunk(h, _sse(event, named).encode())
             if _is_content(event) and not content_seen:
                 content_seen = True
                 self.first_chunk_sent.set()
@@ -182,12 +191,20 @@ class FakeLlmServer:
             "created": 0,
             "model": model + "-2024",
             "choices": [{"index": 0, "message": message, "finish_reason": reason}],
-            "usage": {
-                "prompt_tokens": USAGE_IN,
-                "completion_tokens": len(self.pieces()),
-                "total_tokens": USAGE_IN + len(self.pieces()),
-            },
+            "usage": self._chat_usage(),
         }
+
+    def _chat_usage(self) -> dict[str, Any]:
+        n = len(self.pieces())
+        usage: dict[str, Any] = {
+            "prompt_tokens": USAGE_IN,
+            "completion_tokens": n,
+            "total_tokens": USAGE_IN + n,
+        }
+        if self.cached_tokens or self.reasoning_tokens:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+            usage["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+        return usage
 
     def _chat_chunks(self, model: str, tools: bool, body: dict[str, Any]) -> list[Any]:
         def chunk(delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
@@ -216,8 +233,7 @@ class FakeLlmServer:
         if (body.get("stream_options") or {}).get("include_usage"):
             usage = chunk({})
             usage["choices"] = []
-            n = len(self.pieces())
-            usage["usage"] = {"prompt_tokens": USAGE_IN, "completion_tokens": n, "total_tokens": 0}
+            usage["usage"] = self._chat_usage()
             events.append(usage)
         events.append("[DONE]")
         return events
@@ -245,8 +261,8 @@ class FakeLlmServer:
                 "input_tokens": USAGE_IN,
                 "output_tokens": len(self.pieces()),
                 "total_tokens": USAGE_IN + len(self.pieces()),
-                "input_tokens_details": {"cached_tokens": 0},
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "input_tokens_details": {"cached_tokens": self.cached_tokens},
+                "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
             },
         }
 
@@ -308,14 +324,22 @@ class FakeLlmServer:
             "content": content,
             "stop_reason": reason,
             "stop_sequence": None,
-            "usage": {"input_tokens": USAGE_IN, "output_tokens": len(self.pieces())},
+            "usage": self._anthropic_usage(len(self.pieces())),
         }
+
+    def _anthropic_usage(self, output_tokens: int) -> dict[str, Any]:
+        # Anthropic's input_tokens leave out the cache reads and writes, given apart.
+        usage: dict[str, Any] = {"input_tokens": USAGE_IN, "output_tokens": output_tokens}
+        if self.cached_tokens or self.cache_creation_tokens:
+            usage["cache_read_input_tokens"] = self.cached_tokens
+            usage["cache_creation_input_tokens"] = self.cache_creation_tokens
+        return usage
 
     def _message_events(self, model: str, tools: bool) -> list[Any]:
         start = self._message(model, False)
         start["content"] = []
         start["stop_reason"] = None
-        start["usage"] = {"input_tokens": USAGE_IN, "output_tokens": 1}
+        start["usage"] = self._anthropic_usage(1)
         events: list[Any] = [{"type": "message_start", "message": start}]
         events.append(
             {
@@ -348,6 +372,17 @@ class FakeLlmServer:
         )
         events.append({"type": "message_stop"})
         return events
+
+
+def _sse(event: Any, named: bool) -> str:
+    if event == "[DONE]":
+        return "data: [DONE]\n\n"
+    if named:
+        return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+    return f"data: {json.dumps(event)}\n\n"
+
+
+_ERRORS = {"bad-request": 400, "rate-limited": 429, "server-error": 500}
 
 
 def _is_content(event: Any) -> bool:

@@ -3,6 +3,7 @@ reading them back by name."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +29,15 @@ def otlp() -> Iterator[OtlpTestServer]:
     with checked_server() as server:
         install_pipeline(server, retry=FAST_RETRY)
         yield server
+
+
+@pytest.fixture
+def unused_port() -> int:
+    """A port on 127.0.0.1 with nothing listening (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
 
 
 def received(otlp: OtlpTestServer, count: int) -> dict[str, Any]:

@@ -12,11 +12,11 @@ import pytest
 
 import looptrace
 from fake_llm_server import TOOL_ARGUMENTS, USAGE_IN, FakeLlmServer, attributes, events
-from genai_support import FAST_RETRY, llm, otlp, received
+from genai_support import FAST_RETRY, llm, otlp, received, unused_port
 from otlp_server import OtlpTestServer
 from pipeline_support import checked_server, install_pipeline
 
-__all__ = ["llm", "otlp"]  # fixtures, used by name
+__all__ = ["llm", "otlp", "unused_port"]  # fixtures, used by name
 
 API_KEY = "sk-ant-test-secret"
 MESSAGES = [{"role": "user", "content": "Say hello"}]
@@ -115,7 +115,7 @@ def test_create_with_stream_true(
             kinds = [event.type for event in stream]
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
     span, attrs = llm_span(received(otlp, 2))
-    assert attrs["looptrace.genai.stream"] is True
+    assert attrs["gen_ai.request.stream"] is True
     assert attrs["gen_ai.usage.input_tokens"] == USAGE_IN
     assert attrs["gen_ai.usage.output_tokens"] == len(llm.pieces())
     assert attrs["gen_ai.response.finish_reasons"] == ["tool_use"]
@@ -125,7 +125,7 @@ def test_create_with_stream_true(
         {"type": "tool_call", "id": "toolu_1", "name": "get_weather", "arguments": TOOL_ARGUMENTS},
     ]
     assert attrs["output.value"]["content"] == llm.reply
-    assert attrs["looptrace.genai.time_to_first_chunk_ms"] > 0
+    assert attrs["gen_ai.response.time_to_first_chunk"] > 0
     assert "gen_ai.first_token" in events(span)
     assert "looptrace.genai.stream.closed_early" not in attrs
 
@@ -146,7 +146,7 @@ def test_stream_helper_get_final_text(
     _, attrs = llm_span(received(otlp, 2))
     assert attrs["output.value"]["content"] == llm.reply
     assert attrs["gen_ai.response.finish_reasons"] == ["end_turn"]
-    assert attrs["looptrace.genai.time_to_first_chunk_ms"] > 0
+    assert attrs["gen_ai.response.time_to_first_chunk"] > 0
     assert attrs["gen_ai.input.messages"][0]["role"] == "user"
 
 
@@ -300,3 +300,182 @@ def test_one_client_only_and_undone(llm: FakeLlmServer, otlp: OtlpTestServer) ->
     assert otlp.wait_for_spans(3)
     assert otlp.span_names() == ["caller", "chat m-one", "chat m-stream"]
     assert {"create", "stream"}.isdisjoint(mine.messages.__dict__)
+
+
+# -- the loop a caller writes around a stream sees what it sees without looptrace ------------
+
+
+def _sync_close_in_loop(api: anthropic.Anthropic, got: list[str]) -> None:
+    stream = api.messages.create(model="claude-test", max_tokens=10, messages=MESSAGES, stream=True)
+    for event in stream:
+        got.append(event.type)
+        if len(got) == 2:
+            stream.close()
+
+
+async def _async_close_in_loop(api: anthropic.AsyncAnthropic, got: list[str]) -> None:
+    stream = await api.messages.create(
+        model="claude-test", max_tokens=10, messages=MESSAGES, stream=True
+    )
+    async for event in stream:
+        got.append(event.type)
+        if len(got) == 4:
+            await stream.close()
+
+
+async def _async_with_break_then_read_on(api: anthropic.AsyncAnthropic, got: list[str]) -> None:
+    stream = await api.messages.create(
+        model="claude-test", max_tokens=10, messages=MESSAGES, stream=True
+    )
+    async with stream:
+        async for event in stream:
+            got.append(event.type)
+            if len(got) == 4:
+                break
+    got.append("<after the with block>")
+    got.extend([event.type async for event in stream])
+
+
+async def _outcome(consume: Any, api: Any) -> list[str]:
+    got: list[str] = []
+    try:
+        result = consume(api, got)
+        if asyncio.iscoroutine(result):
+            await result
+    except Exception as exc:
+        got.append(f"raised {type(exc).__name__}")
+    return got
+
+
+@pytest.mark.parametrize(
+    "consume", [_sync_close_in_loop, _async_close_in_loop, _async_with_break_then_read_on]
+)
+async def test_closing_a_stream_inside_its_loop_changes_nothing_the_loop_sees(
+    llm: FakeLlmServer, otlp: OtlpTestServer, consume: Any
+) -> None:
+    """``messages.create(stream=True)`` closed (or its block left) inside the caller's loop:
+    the loop sees exactly the events the SDK's own stream gives it; the span ends at the
+    close, marked as closed early."""
+    llm.one_write = True
+    api = async_client(llm) if consume.__name__.startswith("_async") else client(llm)
+    untraced = await _outcome(consume, api)
+    looptrace.instrument_anthropic(api)
+    try:
+        async with looptrace.span("caller"):
+            traced = await _outcome(consume, api)
+    finally:
+        looptrace.uninstrument_anthropic(api)
+    assert traced == untraced
+    assert traced.count("content_block_delta") == len(llm.pieces())
+    await looptrace.flush(5)
+    _, attrs = llm_span(received(otlp, 2))
+    assert attrs["looptrace.genai.stream.closed_early"] is True
+    assert "error.type" not in attrs
+
+
+def test_a_tool_loop_passing_the_sdks_content_blocks_back_is_traced(
+    llm: FakeLlmServer, otlp: OtlpTestServer, instrumented: None
+) -> None:
+    """The reply's content blocks (``TextBlock``, ``ToolUseBlock`` objects) passed back as the
+    assistant turn, then the tool result: the second call is a span whose conversation shows
+    the tool call and its result."""
+    api = client(llm)
+    with looptrace.span("caller"):
+        first = api.messages.create(model="m-first", max_tokens=10, messages=MESSAGES, tools=TOOLS)
+        assert not isinstance(first.content[1], dict)
+        result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}
+        api.messages.create(
+            model="m-second",
+            max_tokens=10,
+            tools=TOOLS,
+            messages=[
+                *MESSAGES,
+                {"role": "assistant", "content": first.content},
+                {"role": "user", "content": [result]},
+            ],
+        )
+    _, attrs = llm_span(received(otlp, 3), "chat m-second")
+    tool_call = {
+        "type": "tool_call",
+        "id": "toolu_1",
+        "name": "get_weather",
+        "arguments": {"city": "Paris"},
+    }
+    assert attrs["gen_ai.input.messages"][1:] == [
+        {"role": "assistant", "parts": [{"type": "text", "content": llm.reply}, tool_call]},
+        {
+            "role": "user",
+            "parts": [{"type": "tool_call_response", "id": "toolu_1", "response": "sunny"}],
+        },
+    ]
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ("rate-limited", "anthropic.RateLimitError"),
+        ("server-error", "anthropic.InternalServerError"),
+    ],
+)
+async def test_a_failed_call_carries_error_type_and_the_server(
+    llm: FakeLlmServer, otlp: OtlpTestServer, instrumented: None, model: str, expected: str
+) -> None:
+    """A 429 or 500 answer, plain or through the stream helper: ``error.type`` is the SDK
+    exception's public name; every span names the server it called."""
+    api = async_client(llm)
+    async with looptrace.span("caller"):
+        with pytest.raises(anthropic.APIStatusError):
+            await api.messages.create(model=model, max_tokens=10, messages=MESSAGES)
+        with pytest.raises(anthropic.APIStatusError):
+            async with api.messages.stream(model=model, max_tokens=10, messages=MESSAGES):
+                pass
+    await looptrace.flush(5)
+    assert otlp.wait_for_spans(3)
+    failed = [attributes(s) for s in otlp.accepted_spans() if s.name == f"chat {model}"]
+    assert len(failed) == 2
+    for attrs in failed:
+        assert attrs["error.type"] == expected
+        assert (attrs["server.address"], attrs["server.port"]) == ("127.0.0.1", llm.port)
+
+
+def test_a_connection_error_carries_error_type(
+    otlp: OtlpTestServer, instrumented: None, unused_port: int
+) -> None:
+    """Nothing listening: ``error.type`` is ``anthropic.APIConnectionError``."""
+    api = anthropic.Anthropic(
+        base_url=f"http://127.0.0.1:{unused_port}", api_key=API_KEY, max_retries=0
+    )
+    with looptrace.span("caller"), pytest.raises(anthropic.APIConnectionError):
+        api.messages.create(model="claude-test", max_tokens=10, messages=MESSAGES)
+    _, attrs = llm_span(received(otlp, 2))
+    assert attrs["error.type"] == "anthropic.APIConnectionError"
+    assert (attrs["server.address"], attrs["server.port"]) == ("127.0.0.1", unused_port)
+
+
+async def test_cache_tokens_plain_and_streamed(
+    llm: FakeLlmServer, otlp: OtlpTestServer, instrumented: None
+) -> None:
+    """Anthropic's cache reads and writes are on the span under the conventions' names, and
+    counted in ``gen_ai.usage.input_tokens`` (Anthropic's own input count leaves them out);
+    the first chunk's time is in seconds."""
+    llm.cached_tokens, llm.cache_creation_tokens = 5, 7
+    api = async_client(llm)
+    async with looptrace.span("caller"):
+        await api.messages.create(model="m-plain", max_tokens=10, messages=MESSAGES)
+        async with api.messages.stream(model="m-streamed", max_tokens=10, messages=MESSAGES) as s:
+            await s.get_final_message()
+    await looptrace.flush(5)
+    spans = received(otlp, 3)
+    for name in ("chat m-plain", "chat m-streamed"):
+        span, attrs = llm_span(spans, name)
+        assert attrs["gen_ai.usage.cache_read.input_tokens"] == 5
+        assert attrs["gen_ai.usage.cache_creation.input_tokens"] == 7
+        assert attrs["gen_ai.usage.input_tokens"] == USAGE_IN + 5 + 7
+        assert attrs["openinference.span.kind"] == "LLM"
+        assert attrs["gen_ai.system"] == attrs["gen_ai.provider.name"] == "anthropic"
+    _, streamed = llm_span(spans, "chat m-streamed")
+    span = spans["chat m-streamed"]
+    assert streamed["gen_ai.request.stream"] is True
+    ttft = streamed["gen_ai.response.time_to_first_chunk"]
+    assert isinstance(ttft, float)
+    assert 0 < ttft <= (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9

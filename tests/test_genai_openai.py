@@ -16,11 +16,11 @@ import pytest
 
 import looptrace
 from fake_llm_server import TOOL_ARGUMENTS, USAGE_IN, FakeLlmServer, attributes, events
-from genai_support import FAST_RETRY, llm, otlp, received
+from genai_support import FAST_RETRY, llm, otlp, received, unused_port
 from otlp_server import OtlpTestServer
 from pipeline_support import checked_server, install_pipeline
 
-__all__ = ["llm", "otlp"]  # fixtures, used by name
+__all__ = ["llm", "otlp", "unused_port"]  # fixtures, used by name
 
 API_KEY = "sk-test-secret-key"
 MESSAGES = [
@@ -113,7 +113,7 @@ def test_chat_completion_is_a_client_span_with_genai_attributes(
     ]
     assert attrs["input.value"]["messages"] == MESSAGES
     assert attrs["output.value"]["choices"][0]["message"]["content"] == llm.reply
-    assert "looptrace.genai.time_to_first_chunk_ms" not in attrs
+    assert "gen_ai.response.time_to_first_chunk" not in attrs
 
 
 def test_streamed_chat_span_lasts_the_stream_and_carries_text_usage_and_ttft(
@@ -134,15 +134,16 @@ def test_streamed_chat_span_lasts_the_stream_and_carries_text_usage_and_ttft(
     attrs = assert_child_of_caller(spans, "chat gpt-4o")
     span = spans["chat gpt-4o"]
     assert span.end_time_unix_nano <= spans["caller"].end_time_unix_nano
-    assert attrs["looptrace.genai.stream"] is True
+    assert attrs["gen_ai.request.stream"] is True
     assert attrs["gen_ai.response.finish_reasons"] == ["stop"]
     assert attrs["gen_ai.usage.input_tokens"] == USAGE_IN
     assert attrs["gen_ai.usage.output_tokens"] == len(llm.pieces())
-    ttft = attrs["looptrace.genai.time_to_first_chunk_ms"]
-    assert 0 < ttft <= (span.end_time_unix_nano - span.start_time_unix_nano) / 1e6
+    ttft = attrs["gen_ai.response.time_to_first_chunk"]  # seconds, as the conventions say
+    assert isinstance(ttft, float)
+    assert 0 < ttft <= (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9
     first = [e for e in span.events if e.name == "gen_ai.first_token"]
     assert len(first) == 1
-    assert first[0].time_unix_nano == span.start_time_unix_nano + round(ttft * 1e6)
+    assert first[0].time_unix_nano == span.start_time_unix_nano + round(ttft * 1e9)
     assert attrs["output.value"]["content"] == llm.reply
     assert attrs["gen_ai.output.messages"][0]["parts"] == [{"type": "text", "content": llm.reply}]
 
@@ -166,7 +167,7 @@ async def test_async_stream_with_a_tool_call_records_the_joined_arguments(
     call["arguments"] = TOOL_ARGUMENTS
     assert attrs["gen_ai.output.messages"][0]["parts"] == [call]
     assert attrs["output.value"]["tool_calls"] == [call]
-    assert "looptrace.genai.time_to_first_chunk_ms" in attrs
+    assert "gen_ai.response.time_to_first_chunk" in attrs
 
 
 async def test_responses_plain_and_streamed(
@@ -201,7 +202,7 @@ async def test_responses_plain_and_streamed(
             {"role": "user", "parts": [{"type": "text", "content": "Say hello"}]}
         ]
         streamed = names[parent] == "streamed"
-        assert ("looptrace.genai.time_to_first_chunk_ms" in attrs) is streamed
+        assert ("gen_ai.response.time_to_first_chunk" in attrs) is streamed
         if not streamed:
             assert attrs["gen_ai.system_instructions"] == [{"type": "text", "content": "Be terse."}]
 
@@ -298,7 +299,7 @@ async def test_a_call_cancelled_mid_stream_is_recorded_as_cancelled(
     attrs = assert_child_of_caller(spans, "chat gpt-4o")
     assert attrs["looptrace.cancelled"] is True
     assert span.status.code == 2
-    assert "looptrace.genai.time_to_first_chunk_ms" in attrs
+    assert "gen_ai.response.time_to_first_chunk" in attrs
 
 
 def test_content_capture_off_keeps_metadata_only(llm: FakeLlmServer, instrumented: None) -> None:
@@ -414,7 +415,7 @@ async def test_an_async_stream_closed_early_ends_its_span(
     llm: FakeLlmServer, otlp: OtlpTestServer, instrumented: None
 ) -> None:
     """``await stream.close()`` in the middle of an async stream ends the span there (closed
-    early, the text so far), and iterating afterwards ends at once."""
+    early, the text so far); reading on afterwards fails as the SDK's own stream does."""
     llm.hold()
     async with looptrace.span("caller"):
         stream = await async_client(llm).chat.completions.create(
@@ -424,9 +425,312 @@ async def test_an_async_stream_closed_early_ends_its_span(
             if chunk.choices and chunk.choices[0].delta.content:
                 break
         await stream.close()
-        assert [c async for c in stream] == []
+        with pytest.raises(openai.APIConnectionError):
+            [c async for c in stream]
     llm.release()
+    await looptrace.flush(5)
+    span = received(otlp, 2)["chat gpt-4o"]
+    attrs = attributes(span)
+    assert attrs["looptrace.genai.stream.closed_early"] is True
+    assert attrs["output.value"]["content"] == llm.pieces()[0]
+    assert span.status.code != 2 and "error.type" not in attrs  # closing is not a failure
+
+
+# -- the loop a caller writes around a stream sees what it sees without looptrace ------------
+
+
+def _item(chunk: Any) -> str:
+    return (chunk.choices[0].delta.content or "") if chunk.choices else "<usage>"
+
+
+def _sync_close_in_loop(api: openai.OpenAI, got: list[str]) -> None:
+    stream = api.chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True)
+    for chunk in stream:
+        got.append(_item(chunk))
+        if len(got) == 2:
+            stream.close()
+
+
+def _sync_with_break_then_read_on(api: openai.OpenAI, got: list[str]) -> None:
+    with api.chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True) as stream:
+        for chunk in stream:
+            got.append(_item(chunk))
+            if len(got) == 2:
+                break
+    got.append("<after the with block>")
+    got.extend(_item(chunk) for chunk in stream)
+
+
+async def _async_close_in_loop(api: openai.AsyncOpenAI, got: list[str]) -> None:
+    stream = await api.chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True)
+    async for chunk in stream:
+        got.append(_item(chunk))
+        if len(got) == 2:
+            await stream.close()
+
+
+async def _async_with_break_then_read_on(api: openai.AsyncOpenAI, got: list[str]) -> None:
+    stream = await api.chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True)
+    async with stream:
+        async for chunk in stream:
+            got.append(_item(chunk))
+            if len(got) == 2:
+                break
+    got.append("<after the with block>")
+    got.extend([_item(chunk) async for chunk in stream])
+
+
+async def _outcome(consume: Any, api: Any) -> list[str]:
+    """What the caller's loop saw: its items, then the exception it ended with, if any."""
+    got: list[str] = []
+    try:
+        result = consume(api, got)
+        if asyncio.iscoroutine(result):
+            await result
+    except Exception as exc:
+        got.append(f"raised {type(exc).__name__}")
+    return got
+
+
+@pytest.mark.parametrize(
+    "consume",
+    [
+        _sync_close_in_loop,
+        _sync_with_break_then_read_on,
+        _async_close_in_loop,
+        _async_with_break_then_read_on,
+    ],
+)
+async def test_closing_a_stream_inside_its_loop_changes_nothing_the_loop_sees(
+    llm: FakeLlmServer, otlp: OtlpTestServer, consume: Any
+) -> None:
+    """Closed (or its block left) after 2 of its 12 chunks, a traced stream gives the caller's
+    loop exactly what the SDK's own stream gives it (the chunks it had already read, here all
+    of them); the span ends at the close, marked as closed early, with the text read so far."""
+    llm.one_write = True  # the SDK holds the whole stream when the caller closes it
+    is_async = consume.__name__.startswith("_async")
+    api = async_client(llm) if is_async else client(llm)
+    untraced = await _outcome(consume, api)
+    looptrace.instrument_openai(api)
+    try:
+        async with looptrace.span("caller"):
+            traced = await _outcome(consume, api)
+    finally:
+        looptrace.uninstrument_openai(api)
+    assert traced == untraced
+    assert len([i for i in traced if not i.startswith("<")]) == 2 + len(llm.pieces())
     await looptrace.flush(5)
     attrs = assert_child_of_caller(received(otlp, 2), "chat gpt-4o")
     assert attrs["looptrace.genai.stream.closed_early"] is True
     assert attrs["output.value"]["content"] == llm.pieces()[0]
+    assert "error.type" not in attrs
+
+
+# -- tool loops: the SDK's own objects passed back ------------------------------------------
+
+
+def test_a_tool_loop_passing_the_sdks_objects_back_is_traced(
+    llm: FakeLlmServer, otlp: OtlpTestServer, instrumented: None
+) -> None:
+    """The reply's ``ChatCompletionMessage``, or its ``ChatCompletionMessageToolCall`` objects
+    inside a message dict, passed back in the next call's messages: each call is a span, and
+    the conversation shows the tool call and its result."""
+    api = client(llm)
+    with looptrace.span("caller"):
+        first = api.chat.completions.create(model="m-first", messages=MESSAGES, tools=TOOLS)
+        reply = first.choices[0].message
+        assert reply.tool_calls and not isinstance(reply.tool_calls[0], dict)
+        result = {"role": "tool", "tool_call_id": reply.tool_calls[0].id, "content": "sunny"}
+        api.chat.completions.create(
+            model="m-whole-message", messages=[*MESSAGES, reply, result], tools=TOOLS
+        )
+        as_dict = {"role": "assistant", "content": None, "tool_calls": reply.tool_calls}
+        api.chat.completions.create(
+            model="m-tool-call-objects", messages=[*MESSAGES, as_dict, result], tools=TOOLS
+        )
+    spans = received(otlp, 4)
+    call = {"type": "tool_call", "id": "call_1", "name": "get_weather"}
+    call["arguments"] = TOOL_ARGUMENTS
+    for name in ("chat m-whole-message", "chat m-tool-call-objects"):
+        attrs = assert_child_of_caller(spans, name)
+        assert attrs["gen_ai.input.messages"][2:] == [
+            {"role": "assistant", "parts": [call]},
+            {
+                "role": "tool",
+                "parts": [{"type": "tool_call_response", "id": "call_1", "response": "sunny"}],
+            },
+        ]
+        assert attrs["gen_ai.response.finish_reasons"] == ["tool_calls"]
+
+
+async def test_responses_output_items_passed_back_are_traced(
+    llm: FakeLlmServer, otlp: OtlpTestServer, instrumented: None
+) -> None:
+    """``responses.create(input=[..., *previous.output, ...])``: the SDK's output items in the
+    input are read as the conversation."""
+    api = async_client(llm)
+    async with looptrace.span("caller"):
+        first = await api.responses.create(model="m-first", input="Say hello")
+        await api.responses.create(
+            model="m-second",
+            input=[
+                {"role": "user", "content": "Say hello"},
+                *first.output,
+                {"role": "user", "content": "Again"},
+            ],
+        )
+    await looptrace.flush(5)
+    attrs = assert_child_of_caller(received(otlp, 3), "chat m-second")
+    assert attrs["gen_ai.input.messages"] == [
+        {"role": "user", "parts": [{"type": "text", "content": "Say hello"}]},
+        {"role": "assistant", "parts": [{"type": "text", "content": llm.reply}]},
+        {"role": "user", "parts": [{"type": "text", "content": "Again"}]},
+    ]
+
+
+class _Unreadable:
+    """A message no reader foresaw: every attribute lookup fails."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError("unreadable")
+
+
+def test_a_message_that_cannot_be_read_never_costs_the_span(
+    llm: FakeLlmServer, otlp: OtlpTestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever the messages hold, the call is traced: a message looptrace cannot read leaves
+    the conversation off the span (counted as an internal error), never the span."""
+    from looptrace import _errors
+
+    monkeypatch.setattr(_errors, "raise_internal_errors", False)
+    api = client(llm)
+    # The SDK serializes what it is given; a transport-level fake accepts anything.
+    original = api.post
+
+    def post(path: str, *args: Any, **kwargs: Any) -> Any:
+        kwargs["body"] = {**kwargs["body"], "messages": MESSAGES}
+        return original(path, *args, **kwargs)
+
+    monkeypatch.setattr(api, "post", post)
+    looptrace.instrument_openai(api)
+    try:
+        with looptrace.span("caller"):
+            api.chat.completions.create(model="gpt-4o", messages=[*MESSAGES, _Unreadable()])
+    finally:
+        looptrace.uninstrument_openai(api)
+    attrs = assert_child_of_caller(received(otlp, 2), "chat gpt-4o")
+    assert "gen_ai.input.messages" not in attrs
+    assert attrs["gen_ai.response.model"] == "gpt-4o-2024"
+    assert _errors.counts["genai.messages"] >= 1
+
+
+# -- error.type, server.address / server.port ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [("rate-limited", "openai.RateLimitError"), ("server-error", "openai.InternalServerError")],
+)
+async def test_a_failed_call_carries_error_type_and_the_server(
+    llm: FakeLlmServer, otlp: OtlpTestServer, instrumented: None, model: str, expected: str
+) -> None:
+    """A 429 or 500 answer: ``error.type`` is the SDK exception's public name, and the span
+    names the server it called, as every LLM span does."""
+    async with looptrace.span("caller"):
+        with pytest.raises(openai.APIStatusError):
+            await async_client(llm).chat.completions.create(model=model, messages=MESSAGES)
+        await async_client(llm).chat.completions.create(model="gpt-4o", messages=MESSAGES)
+    await looptrace.flush(5)
+    spans = received(otlp, 3)
+    failed = assert_child_of_caller(spans, f"chat {model}")
+    assert failed["error.type"] == expected
+    ok = assert_child_of_caller(spans, "chat gpt-4o")
+    assert "error.type" not in ok
+    for attrs in (failed, ok):
+        assert attrs["server.address"] == "127.0.0.1"
+        assert attrs["server.port"] == llm.port
+
+
+def test_a_connection_error_carries_error_type(
+    otlp: OtlpTestServer, instrumented: None, unused_port: int
+) -> None:
+    """Nothing listening: ``error.type`` is ``openai.APIConnectionError``; the span names the
+    server it tried."""
+    api = openai.OpenAI(
+        base_url=f"http://127.0.0.1:{unused_port}/v1", api_key=API_KEY, max_retries=0
+    )
+    with looptrace.span("caller"), pytest.raises(openai.APIConnectionError):
+        api.chat.completions.create(model="gpt-4o", messages=MESSAGES)
+    attrs = assert_child_of_caller(received(otlp, 2), "chat gpt-4o")
+    assert attrs["error.type"] == "openai.APIConnectionError"
+    assert (attrs["server.address"], attrs["server.port"]) == ("127.0.0.1", unused_port)
+
+
+def test_the_default_https_port_is_named(instrumented: None) -> None:
+    """A base URL without a port names the scheme's port (443 for https)."""
+    from looptrace._genai import _core
+
+    api = openai.OpenAI(base_url="https://api.example.invalid/v1", api_key=API_KEY)
+    assert _core.server(api.chat.completions) == ("api.example.invalid", 443)
+
+
+# -- token details, span kind, conventions opt-in --------------------------------------------
+
+
+async def test_cached_and_reasoning_tokens_plain_and_streamed(
+    llm: FakeLlmServer, otlp: OtlpTestServer, instrumented: None
+) -> None:
+    """The cached input tokens and reasoning output tokens OpenAI reports (chat, plain and
+    streamed; responses) are on the span under the conventions' names; the input and output
+    counts already include them, as OpenAI counts."""
+    llm.cached_tokens, llm.reasoning_tokens = 5, 3
+    api = async_client(llm)
+    async with looptrace.span("caller"):
+        await api.chat.completions.create(model="m-plain", messages=MESSAGES)
+        stream = await api.chat.completions.create(
+            model="m-streamed",
+            messages=MESSAGES,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        [c async for c in stream]
+        await api.responses.create(model="m-responses", input="Say hello")
+    await looptrace.flush(5)
+    spans = received(otlp, 4)
+    for name in ("chat m-plain", "chat m-streamed", "chat m-responses"):
+        attrs = assert_child_of_caller(spans, name)
+        assert attrs["gen_ai.usage.cache_read.input_tokens"] == 5
+        assert attrs["gen_ai.usage.reasoning.output_tokens"] == 3
+        assert attrs["gen_ai.usage.input_tokens"] == USAGE_IN
+        assert "gen_ai.usage.cache_creation.input_tokens" not in attrs
+
+
+def test_span_kind_provider_and_the_latest_conventions_opt_in(
+    llm: FakeLlmServer, otlp: OtlpTestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LLM spans say ``openinference.span.kind`` LLM (EMBEDDING for embeddings). By default the
+    deprecated ``gen_ai.system`` is sent beside ``gen_ai.provider.name``;
+    ``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental`` leaves it out."""
+    api = client(llm)
+    looptrace.instrument_openai(api)
+    try:
+        with looptrace.span("caller"):
+            api.chat.completions.create(model="m-default", messages=MESSAGES)
+            api.embeddings.create(model="m-embed", input="a")
+            monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", "http, gen_ai_latest_experimental")
+            looptrace.instrument_openai(api)  # the setting is read when instrumenting
+            api.chat.completions.create(model="m-latest", messages=MESSAGES)
+    finally:
+        looptrace.uninstrument_openai(api)
+        monkeypatch.delenv("OTEL_SEMCONV_STABILITY_OPT_IN")
+        looptrace.instrument_openai(api)
+        looptrace.uninstrument_openai(api)
+    spans = received(otlp, 4)
+    default = assert_child_of_caller(spans, "chat m-default")
+    latest = assert_child_of_caller(spans, "chat m-latest")
+    embed = assert_child_of_caller(spans, "embeddings m-embed")
+    assert default["openinference.span.kind"] == latest["openinference.span.kind"] == "LLM"
+    assert embed["openinference.span.kind"] == "EMBEDDING"
+    assert default["gen_ai.system"] == "openai"
+    assert "gen_ai.system" not in latest
+    assert default["gen_ai.provider.name"] == latest["gen_ai.provider.name"] == "openai"

@@ -36,6 +36,8 @@ def _resource(client: Any, path: tuple[str, ...]) -> Any:
 
 def _apply(module_name: str, client: Any, on: bool) -> None:
     module = importlib.import_module(f"{__name__}.{module_name}")
+    if on:
+        _core.refresh_conventions()
     targets = [(cls, name, _wrapper(cls, b, d), path) for cls, name, b, d, path in module.TARGETS]
     for cls, name, path in getattr(module, "STREAM_TARGETS", ()):
         targets.append((cls, name, module._wrap_stream, path))

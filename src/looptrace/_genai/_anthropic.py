@@ -13,10 +13,13 @@ from typing import Any
 import anthropic
 from anthropic.resources.messages import AsyncMessages, Messages
 
+from .. import _semconv as sc
 from .._capture.start import _activate, _deactivate
 from .._errors import internal_error
 from . import _core
 from ._core import (
+    CACHE_CREATION,
+    CACHE_READ,
     FINISH_REASONS,
     INPUT_MESSAGES,
     INPUT_TOKENS,
@@ -29,15 +32,13 @@ from ._core import (
     TOOL_DEFINITIONS,
     Call,
     Recorder,
+    field,
     set_if,
 )
 
-_PROVIDER = "anthropic"
-CACHE_READ = "gen_ai.usage.cache_read.input_tokens"
-CACHE_CREATION = "gen_ai.usage.cache_creation.input_tokens"
-
 
 def _parts(content: Any) -> list[Any]:
+    # Blocks may be dicts or the SDK's models (a previous reply's content passed back).
     if isinstance(content, str):
         return [{"type": "text", "content": content}]
     parts: list[Any] = []
@@ -84,21 +85,31 @@ def _block_part(block: Any) -> Any:
     return block
 
 
-def _begin(kwargs: dict[str, Any], stream: bool = False) -> Call:
+def _messages(messages: list[Any] | tuple[Any, ...]) -> list[dict[str, Any]]:
+    out = []
+    for message in messages:
+        role = field(message, "role")
+        out.append(
+            {
+                "role": role if isinstance(role, str) else str(role),
+                "parts": _parts(field(message, "content")),
+            }
+        )
+    return out
+
+
+def _begin(resource: Any, kwargs: dict[str, Any], stream: bool = False) -> Call:
     model = kwargs.get("model")
     model = model if isinstance(model, str) else ""
-    attributes: dict[str, Any] = {
-        _core.PROVIDER: _PROVIDER,
-        _core.SYSTEM: _PROVIDER,
-        _core.OPERATION: "chat",
-        _core.REQUEST_MODEL: model,
-    }
+    attributes = _core.base_attributes(
+        resource, sc.GEN_AI_PROVIDER_ANTHROPIC, sc.GEN_AI_OP_CHAT, model, sc.OI_LLM
+    )
     get = kwargs.get
-    set_if(attributes, "gen_ai.request.max_tokens", get("max_tokens"))
-    set_if(attributes, "gen_ai.request.temperature", get("temperature"))
-    set_if(attributes, "gen_ai.request.top_p", get("top_p"))
-    set_if(attributes, "gen_ai.request.top_k", get("top_k"))
-    set_if(attributes, "gen_ai.request.stop_sequences", get("stop_sequences"))
+    set_if(attributes, sc.GEN_AI_REQUEST_MAX_TOKENS, get("max_tokens"))
+    set_if(attributes, sc.GEN_AI_REQUEST_TEMPERATURE, get("temperature"))
+    set_if(attributes, sc.GEN_AI_REQUEST_TOP_P, get("top_p"))
+    set_if(attributes, sc.GEN_AI_REQUEST_TOP_K, get("top_k"))
+    set_if(attributes, sc.GEN_AI_REQUEST_STOP_SEQUENCES, get("stop_sequences"))
     tools = get("tools")
     if isinstance(tools, (list, tuple)) and tools:
         attributes[TOOL_DEFINITIONS] = list(tools)
@@ -108,19 +119,22 @@ def _begin(kwargs: dict[str, Any], stream: bool = False) -> Call:
     if content:
         messages = get("messages")
         if isinstance(messages, (list, tuple)):
-            attributes[INPUT_MESSAGES] = [
-                {"role": m.get("role"), "parts": _parts(m.get("content"))}
-                if isinstance(m, Mapping)
-                else {"role": getattr(m, "role", None), "parts": [m]}
-                for m in messages
-            ]
+            converted = _core.converted(_messages, messages)
+            if converted is not None:
+                attributes[INPUT_MESSAGES] = converted
         system = get("system")
         if isinstance(system, (str, list, tuple)):
-            attributes[SYSTEM_INSTRUCTIONS] = _parts(system)
+            instructions = _core.converted(_parts, system)
+            if instructions is not None:
+                attributes[SYSTEM_INSTRUCTIONS] = instructions
     call = Call(f"chat {model}" if model else "chat", attributes, content)
     if call.content:
         call.span.set_inputs(_core.request_inputs(kwargs))
     return call
+
+
+def _begin_stream(resource: Any, kwargs: dict[str, Any]) -> Call:
+    return _begin(resource, kwargs, stream=True)
 
 
 def _usage(span: Any, usage: Any) -> None:
@@ -267,15 +281,16 @@ def _adopt(stream: Any, call: Call, proxy: type) -> None:
 
 
 class _StreamManager:
-    __slots__ = ("_call", "_kwargs", "_manager")
+    __slots__ = ("_call", "_kwargs", "_manager", "_resource")
 
-    def __init__(self, manager: Any, kwargs: dict[str, Any]) -> None:
+    def __init__(self, manager: Any, resource: Any, kwargs: dict[str, Any]) -> None:
         self._manager = manager
+        self._resource = resource
         self._kwargs = kwargs
         self._call: Call | None = None
 
     def __enter__(self) -> Any:
-        call = _core._safe_begin(lambda kw: _begin(kw, stream=True), self._kwargs)
+        call = _core._safe_begin(_begin_stream, self._resource, self._kwargs)
         if call is None:
             return self._manager.__enter__()
         tokens = _activate(call.span)
@@ -298,7 +313,7 @@ class _StreamManager:
                 self._call.end()
 
     async def __aenter__(self) -> Any:
-        call = _core._safe_begin(lambda kw: _begin(kw, stream=True), self._kwargs)
+        call = _core._safe_begin(_begin_stream, self._resource, self._kwargs)
         if call is None:
             return await self._manager.__aenter__()
         tokens = _activate(call.span)
@@ -328,7 +343,7 @@ def _wrap_stream(original: Any) -> Any:
     @functools.wraps(original)
     def stream(self: Any, *args: Any, **kwargs: Any) -> Any:
         manager = original(self, *args, **kwargs)
-        return _StreamManager(manager, kwargs)
+        return _StreamManager(manager, self, kwargs)
 
     stream.__looptrace_original__ = original  # type: ignore[attr-defined]
     return stream

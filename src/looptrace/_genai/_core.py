@@ -12,37 +12,44 @@ import functools
 import sys
 import threading
 import types
-from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping
 from typing import Any
 
 # The pipeline, for its wiring too: an LLM call may be the only thing a program traces.
 from .. import _clock, _export, _state
+from .. import _semconv as sc
 from .._capture.spans import Span, SpanKind
 from .._capture.start import _activate, _deactivate, start_span
 from .._errors import internal_error
 
-# Attribute names (OpenTelemetry GenAI semantic conventions, plus looptrace's own figures).
-# looptrace's own say "chunk", not "token": keys holding the word "token" are redacted at export.
-PROVIDER = "gen_ai.provider.name"
-SYSTEM = "gen_ai.system"
-OPERATION = "gen_ai.operation.name"
-REQUEST_MODEL = "gen_ai.request.model"
-RESPONSE_MODEL = "gen_ai.response.model"
-RESPONSE_ID = "gen_ai.response.id"
-FINISH_REASONS = "gen_ai.response.finish_reasons"
-INPUT_TOKENS = "gen_ai.usage.input_tokens"
-OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
-INPUT_MESSAGES = "gen_ai.input.messages"
-OUTPUT_MESSAGES = "gen_ai.output.messages"
-SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
-TOOL_DEFINITIONS = "gen_ai.tool.definitions"
-FIRST_TOKEN_EVENT = "gen_ai.first_token"
-TTFT_MS = "looptrace.genai.time_to_first_chunk_ms"
-STREAMING = "looptrace.genai.stream"
-STREAM_CLOSED_EARLY = "looptrace.genai.stream.closed_early"
-STREAM_ABANDONED = "looptrace.genai.stream.abandoned"
-BLOCKED_MS = "looptrace.genai.loop_blocked_ms"
-BLOCKED_BEFORE_FIRST_CHUNK_MS = "looptrace.genai.loop_blocked_before_first_chunk_ms"
+# Attribute names: the table in looptrace._semconv (OpenTelemetry GenAI conventions v1.41,
+# OpenInference's span kind, and looptrace's own figures).
+PROVIDER = sc.GEN_AI_PROVIDER_NAME
+OPERATION = sc.GEN_AI_OPERATION_NAME
+REQUEST_MODEL = sc.GEN_AI_REQUEST_MODEL
+RESPONSE_MODEL = sc.GEN_AI_RESPONSE_MODEL
+RESPONSE_ID = sc.GEN_AI_RESPONSE_ID
+FINISH_REASONS = sc.GEN_AI_RESPONSE_FINISH_REASONS
+INPUT_TOKENS = sc.GEN_AI_USAGE_INPUT_TOKENS
+OUTPUT_TOKENS = sc.GEN_AI_USAGE_OUTPUT_TOKENS
+CACHE_READ = sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS
+CACHE_CREATION = sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS
+REASONING = sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS
+INPUT_MESSAGES = sc.GEN_AI_INPUT_MESSAGES
+OUTPUT_MESSAGES = sc.GEN_AI_OUTPUT_MESSAGES
+SYSTEM_INSTRUCTIONS = sc.GEN_AI_SYSTEM_INSTRUCTIONS
+TOOL_DEFINITIONS = sc.GEN_AI_TOOL_DEFINITIONS
+STREAMING = sc.GEN_AI_REQUEST_STREAM
+
+# Whether OTEL_SEMCONV_STABILITY_OPT_IN asks for the latest GenAI conventions only: read when
+# an SDK is instrumented (instrument_openai / instrument_anthropic), not per call.
+latest = False
+
+
+def refresh_conventions() -> None:
+    global latest
+    latest = sc.gen_ai_latest_experimental()
+
 
 # Request arguments never recorded: credentials travel in headers, and the others are transport.
 _NOT_RECORDED = frozenset(("extra_headers", "extra_query", "extra_body", "timeout", "api_key"))
@@ -79,6 +86,85 @@ def request_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def field(obj: Any, name: str) -> Any:
+    """``obj[name]`` of a dict, ``obj.name`` of anything else (the SDKs' pydantic models, which
+    callers pass back in a conversation: a previous reply, its tool calls, its content blocks);
+    None when absent."""
+    if isinstance(obj, Mapping):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+# id(base_url) -> (base_url, host, port): a client's URL is parsed once, not on every call.
+_servers: dict[int, tuple[Any, str, int]] = {}
+_DEFAULT_PORTS = {"https": 443, "http": 80}
+
+
+def server(resource: Any) -> tuple[str, int] | None:
+    """The host and port of the API a resource object's client calls (its ``base_url``)."""
+    client = getattr(resource, "_client", None)
+    url = getattr(client, "base_url", None)
+    if url is None:
+        return None
+    entry = _servers.get(id(url))
+    if entry is None or entry[0] is not url:
+        host = getattr(url, "host", None)
+        if not isinstance(host, str) or not host:
+            return None
+        port = getattr(url, "port", None)
+        if not isinstance(port, int):
+            port = _DEFAULT_PORTS.get(str(getattr(url, "scheme", "")), 0)
+        if len(_servers) >= 64:
+            _servers.clear()
+        entry = _servers[id(url)] = (url, host, port)
+    return entry[1], entry[2]
+
+
+def base_attributes(
+    resource: Any, provider: str, operation: str, model: str, kind: str
+) -> dict[str, Any]:
+    """What every LLM call span starts with: the attributes a sampler may read (operation,
+    provider, model, server) and the OpenInference span kind."""
+    attributes: dict[str, Any] = {
+        sc.OPENINFERENCE_SPAN_KIND: kind,
+        PROVIDER: provider,
+        OPERATION: operation,
+        REQUEST_MODEL: model,
+    }
+    if not latest:
+        attributes[sc.GEN_AI_SYSTEM] = provider
+    address = server(resource)
+    if address is not None:
+        attributes[sc.SERVER_ADDRESS], attributes[sc.SERVER_PORT] = address
+    return attributes
+
+
+def converted(convert: Any, value: Any) -> Any:
+    """``convert(value)``, or None when a message of a shape not foreseen here cannot be read:
+    the call is traced all the same, without it."""
+    try:
+        return convert(value)
+    except Exception as exc:
+        internal_error("genai.messages", exc)
+        return None
+
+
+def error_type(exc: BaseException) -> str:
+    """``error.type`` of a failed call: the exception's class under the name its package exports
+    it by (``openai.RateLimitError``, ``anthropic.APIConnectionError``,
+    ``asyncio.CancelledError``), else its module and qualified name; builtins bare."""
+    cls = type(exc)
+    module = cls.__module__
+    name = cls.__qualname__
+    if module == "builtins":
+        return name
+    top = module.partition(".")[0]
+    package = sys.modules.get(top)
+    if package is not None and getattr(package, name, None) is cls:
+        return f"{top}.{name}"
+    return f"{module}.{name}"
+
+
 class Call:
     """One LLM call: its span, and what a stream accumulates until it ends."""
 
@@ -96,13 +182,14 @@ class Call:
         now = _clock.now_ns()
         self.first_ns = now
         span = self.span
-        span.add_event(FIRST_TOKEN_EVENT, None, now)
-        span.set_attribute(TTFT_MS, (now - span.start_ns) / 1e6)
+        span.add_event(sc.GENAI_FIRST_CHUNK_EVENT, None, now)
+        span.set_attribute(sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, (now - span.start_ns) / 1e9)
         if self.blocked_at_start is not None:
             blocked = _blocked_ns()
             if blocked is not None:
                 span.set_attribute(
-                    BLOCKED_BEFORE_FIRST_CHUNK_MS, max(blocked - self.blocked_at_start, 0) / 1e6
+                    sc.GENAI_LOOP_BLOCKED_BEFORE_FIRST_CHUNK_MS,
+                    max(blocked - self.blocked_at_start, 0) / 1e6,
                 )
 
     def end(self, exc: BaseException | None = None) -> None:
@@ -113,8 +200,11 @@ class Call:
         if self.blocked_at_start is not None:
             blocked = _blocked_ns()
             if blocked is not None:
-                span.set_attribute(BLOCKED_MS, max(blocked - self.blocked_at_start, 0) / 1e6)
+                span.set_attribute(
+                    sc.GENAI_LOOP_BLOCKED_MS, max(blocked - self.blocked_at_start, 0) / 1e6
+                )
         if exc is not None:
+            span.set_attribute(sc.ERROR_TYPE, error_type(exc))
             span.fail(exc)
         span.end()
 
@@ -140,7 +230,7 @@ class Recorder:
             return
         try:
             if early:
-                call.span.set_attribute(STREAM_CLOSED_EARLY, True)
+                call.span.set_attribute(sc.GENAI_STREAM_CLOSED_EARLY, True)
             self.complete()
         except Exception as error:
             internal_error("genai.stream.finish", error)
@@ -150,7 +240,7 @@ class Recorder:
         """The stream was garbage-collected before it ended."""
         try:
             if not self.call.done:
-                self.call.span.set_attribute(STREAM_ABANDONED, True)
+                self.call.span.set_attribute(sc.GENAI_STREAM_ABANDONED, True)
                 self.finish(early=True)
         except Exception as exc:  # a finalizer: nobody to raise to
             internal_error("genai.stream.abandon", exc)
@@ -206,16 +296,13 @@ class SyncStream:
         return next(self.__iter__())
 
     def close(self) -> None:
+        # Only the SDK's stream is closed: a loop reading this stream goes on exactly as it
+        # would over the SDK's own (which may still yield what it had read, or raise), so
+        # the iterating generator is left to end, or be collected, as the SDK's iteration does.
         try:
             self._stream.close()
         finally:
             self._recorder.finish(early=True)
-            it = self._it
-            if it is not None:
-                try:
-                    it.close()
-                except Exception as exc:  # already running (closed from inside the loop)
-                    internal_error("genai.stream.close", exc)
 
     def __enter__(self) -> SyncStream:
         return self
@@ -274,16 +361,11 @@ class AsyncStream:
         return self.__aiter__().__anext__()
 
     async def close(self) -> None:
+        # As SyncStream.close: the caller's loop goes on as over the SDK's own stream.
         try:
             await self._stream.close()
         finally:
             self._recorder.finish(early=True)
-            it = self._it
-            if it is not None:
-                try:
-                    await it.aclose()
-                except Exception as exc:  # already running (closed from inside the loop)
-                    internal_error("genai.stream.close", exc)
 
     async def aclose(self) -> None:
         await self.close()
@@ -301,18 +383,19 @@ class AsyncStream:
         return f"<looptrace stream over {self._stream!r}>"
 
 
-# A provider's hooks for one method: ``begin(kwargs)`` starts the call (None: do not trace it)
+# A provider's hooks for one method: ``begin(resource, kwargs)`` starts the call (None: do not
+# trace it; ``resource`` is the SDK object whose method is called, e.g. ``client.chat.completions``)
 # and ``done(call, kwargs, result)`` records a result and returns what the caller gets (a
 # stream proxy for a stream).
-Begin = Callable[[dict[str, Any]], Call | None]
+Begin = Callable[[Any, dict[str, Any]], Call | None]
 Done = Callable[[Call, dict[str, Any], Any], Any]
 
 
-def _safe_begin(begin: Begin, kwargs: dict[str, Any]) -> Call | None:
+def _safe_begin(begin: Begin, resource: Any, kwargs: dict[str, Any]) -> Call | None:
     if _state.disabled:
         return None
     try:
-        return begin(kwargs)
+        return begin(resource, kwargs)
     except Exception as exc:
         internal_error("genai.begin", exc)
         return None
@@ -330,7 +413,7 @@ def _safe_done(done: Done, call: Call, kwargs: dict[str, Any], result: Any) -> A
 def wrap_sync(original: Callable[..., Any], begin: Begin, done: Done) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        call = _safe_begin(begin, kwargs)
+        call = _safe_begin(begin, self, kwargs)
         if call is None:
             return original(self, *args, **kwargs)
         tokens = _activate(call.span)
@@ -350,7 +433,7 @@ def wrap_sync(original: Callable[..., Any], begin: Begin, done: Done) -> Callabl
 def wrap_async(original: Callable[..., Any], begin: Begin, done: Done) -> Callable[..., Any]:
     @functools.wraps(original)
     async def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        call = _safe_begin(begin, kwargs)
+        call = _safe_begin(begin, self, kwargs)
         if call is None:
             return await original(self, *args, **kwargs)
         tokens = _activate(call.span)
@@ -408,6 +491,12 @@ def unpatch_instance(resource: object, name: str) -> None:
         current = resource.__dict__.get(name)
         if getattr(current, "__looptrace_original__", None) is not None:
             del resource.__dict__[name]
+
+
+def set_count(attributes: dict[str, Any], key: str, value: Any) -> None:
+    """Set a token count the provider reported, when it is a positive int (absent means 0)."""
+    if type(value) is int and value > 0:
+        attributes[key] = value
 
 
 def set_if(attributes: dict[str, Any], key: str, value: Any) -> None:

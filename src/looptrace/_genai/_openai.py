@@ -6,7 +6,6 @@ Imported only by ``instrument_openai``: it imports the ``openai`` package.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import openai
@@ -14,13 +13,16 @@ from openai.resources.chat.completions import AsyncCompletions, Completions
 from openai.resources.embeddings import AsyncEmbeddings, Embeddings
 from openai.resources.responses import AsyncResponses, Responses
 
+from .. import _semconv as sc
 from . import _core
 from ._core import (
+    CACHE_READ,
     FINISH_REASONS,
     INPUT_MESSAGES,
     INPUT_TOKENS,
     OUTPUT_MESSAGES,
     OUTPUT_TOKENS,
+    REASONING,
     RESPONSE_ID,
     RESPONSE_MODEL,
     STREAMING,
@@ -28,36 +30,32 @@ from ._core import (
     TOOL_DEFINITIONS,
     Call,
     Recorder,
+    field,
+    set_count,
     set_if,
 )
 
-_PROVIDER = "openai"
 
-
-def _base(operation: str, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def _base(resource: Any, operation: str, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     model = kwargs.get("model")
     model = model if isinstance(model, str) else ""
-    attributes: dict[str, Any] = {
-        _core.PROVIDER: _PROVIDER,
-        _core.SYSTEM: _PROVIDER,
-        _core.OPERATION: operation,
-        _core.REQUEST_MODEL: model,
-    }
+    kind = sc.OI_EMBEDDING if operation == sc.GEN_AI_OP_EMBEDDINGS else sc.OI_LLM
+    attributes = _core.base_attributes(resource, sc.GEN_AI_PROVIDER_OPENAI, operation, model, kind)
     return (f"{operation} {model}" if model else operation), attributes
 
 
 # Request arguments recorded as attributes (the GenAI name of each).
 _PARAMETERS = {
-    "temperature": "gen_ai.request.temperature",
-    "top_p": "gen_ai.request.top_p",
-    "max_tokens": "gen_ai.request.max_tokens",
-    "max_completion_tokens": "gen_ai.request.max_tokens",
-    "max_output_tokens": "gen_ai.request.max_tokens",
-    "frequency_penalty": "gen_ai.request.frequency_penalty",
-    "presence_penalty": "gen_ai.request.presence_penalty",
-    "seed": "gen_ai.request.seed",
-    "n": "gen_ai.request.choice.count",
-    "stop": "gen_ai.request.stop_sequences",
+    "temperature": sc.GEN_AI_REQUEST_TEMPERATURE,
+    "top_p": sc.GEN_AI_REQUEST_TOP_P,
+    "max_tokens": sc.GEN_AI_REQUEST_MAX_TOKENS,
+    "max_completion_tokens": sc.GEN_AI_REQUEST_MAX_TOKENS,
+    "max_output_tokens": sc.GEN_AI_REQUEST_MAX_TOKENS,
+    "frequency_penalty": sc.GEN_AI_REQUEST_FREQUENCY_PENALTY,
+    "presence_penalty": sc.GEN_AI_REQUEST_PRESENCE_PENALTY,
+    "seed": sc.GEN_AI_REQUEST_SEED,
+    "n": sc.GEN_AI_REQUEST_CHOICE_COUNT,
+    "stop": sc.GEN_AI_REQUEST_STOP_SEQUENCES,
 }
 
 
@@ -74,74 +72,95 @@ def _sampling(attributes: dict[str, Any], kwargs: dict[str, Any]) -> None:
             attributes[STREAMING] = True
 
 
-def _usage(span: Any, usage: Any, input_name: str, output_name: str) -> None:
+# Where each API's usage object keeps its counts: (input, output, input details, output details).
+_CHAT_USAGE = (
+    "prompt_tokens",
+    "completion_tokens",
+    "prompt_tokens_details",
+    "completion_tokens_details",
+)
+_RESPONSES_USAGE = (
+    "input_tokens",
+    "output_tokens",
+    "input_tokens_details",
+    "output_tokens_details",
+)
+
+
+def _usage(attributes: dict[str, Any], usage: Any, names: tuple[str, str, str, str]) -> None:
+    """Token counts; OpenAI's input count already includes the cached tokens, and its output
+    count the reasoning tokens, as the GenAI conventions count them."""
     if usage is None:
         return
-    value = getattr(usage, input_name, None)
+    value = getattr(usage, names[0], None)
     if isinstance(value, int):
-        span.set_attribute(INPUT_TOKENS, value)
-    value = getattr(usage, output_name, None)
+        attributes[INPUT_TOKENS] = value
+    value = getattr(usage, names[1], None)
     if isinstance(value, int):
-        span.set_attribute(OUTPUT_TOKENS, value)
+        attributes[OUTPUT_TOKENS] = value
+    set_count(
+        attributes, CACHE_READ, getattr(getattr(usage, names[2], None), "cached_tokens", None)
+    )
+    details = getattr(usage, names[3], None)
+    set_count(attributes, REASONING, getattr(details, "reasoning_tokens", None))
+
+
+_TEXT_PARTS = frozenset(("text", "input_text", "output_text"))
 
 
 def _text_parts(content: Any) -> list[Any]:
+    # A part may be a dict or the SDK's own model (content passed back from a response).
     if isinstance(content, str):
         return [{"type": "text", "content": content}]
     parts: list[Any] = []
     if isinstance(content, (list, tuple)):
         for part in content:
-            if (isinstance(part, Mapping) and part.get("type") in ("text", "input_text")) or (
-                isinstance(part, Mapping) and part.get("type") == "output_text"
-            ):
-                parts.append({"type": "text", "content": part.get("text")})
+            if field(part, "type") in _TEXT_PARTS:
+                parts.append({"type": "text", "content": field(part, "text")})
             else:
                 parts.append(part)
     return parts
+
+
+def _role(message: Any) -> str:
+    role = field(message, "role")
+    return role if isinstance(role, str) else str(role)
 
 
 # -- chat.completions -----------------------------------------------------------------------
 
 
 def _chat_input(messages: Any) -> list[dict[str, Any]] | None:
+    """Each message, its tool calls and their function may be a dict or the SDK's model (a
+    previous ``ChatCompletionMessage`` and its ``ChatCompletionMessageToolCall`` objects are
+    commonly passed back in a tool loop)."""
     if not isinstance(messages, (list, tuple)):
         return None  # an iterator would be consumed here and not reach the API
     out = []
     for message in messages:
-        if not isinstance(message, Mapping):
-            out.append({"role": getattr(message, "role", None), "parts": [message]})
-            continue
-        role = message.get("role")
+        role = _role(message)
         if role == "tool":
             parts: list[Any] = [
                 {
                     "type": "tool_call_response",
-                    "id": message.get("tool_call_id"),
-                    "response": message.get("content"),
+                    "id": field(message, "tool_call_id"),
+                    "response": field(message, "content"),
                 }
             ]
         else:
-            parts = _text_parts(message.get("content"))
-            for tool_call in message.get("tool_calls") or ():
-                function = tool_call.get("function") or {}
-                parts.append(
-                    {
-                        "type": "tool_call",
-                        "id": tool_call.get("id"),
-                        "name": function.get("name"),
-                        "arguments": function.get("arguments"),
-                    }
-                )
+            parts = _text_parts(field(message, "content"))
+            for tool_call in field(message, "tool_calls") or ():
+                parts.append(_tool_call_part(tool_call))
         out.append({"role": role, "parts": parts})
     return out
 
 
-def _begin_chat(kwargs: dict[str, Any]) -> Call:
-    name, attributes = _base("chat", kwargs)
+def _begin_chat(resource: Any, kwargs: dict[str, Any]) -> Call:
+    name, attributes = _base(resource, sc.GEN_AI_OP_CHAT, kwargs)
     _sampling(attributes, kwargs)
     content = _core.content_enabled()
     if content:
-        messages = _chat_input(kwargs.get("messages"))
+        messages = _core.converted(_chat_input, kwargs.get("messages"))
         if messages is not None:
             attributes[INPUT_MESSAGES] = messages
     call = Call(name, attributes, content)
@@ -151,12 +170,12 @@ def _begin_chat(kwargs: dict[str, Any]) -> Call:
 
 
 def _tool_call_part(tool_call: Any) -> dict[str, Any]:
-    function = getattr(tool_call, "function", None)
+    function = field(tool_call, "function")
     return {
         "type": "tool_call",
-        "id": getattr(tool_call, "id", None),
-        "name": getattr(function, "name", None),
-        "arguments": getattr(function, "arguments", None),
+        "id": field(tool_call, "id"),
+        "name": field(function, "name"),
+        "arguments": field(function, "arguments"),
     }
 
 
@@ -166,11 +185,14 @@ def _done_chat(call: Call, kwargs: dict[str, Any], result: Any) -> Any:
     if isinstance(result, openai.AsyncStream):
         return _core.AsyncStream(result, _ChatStream(call))
     span = call.span
-    span.set_attribute(RESPONSE_ID, getattr(result, "id", None) or "")
-    span.set_attribute(RESPONSE_MODEL, getattr(result, "model", None) or "")
     choices = getattr(result, "choices", None) or ()
-    span.set_attribute(FINISH_REASONS, [str(c.finish_reason) for c in choices if c.finish_reason])
-    _usage(span, getattr(result, "usage", None), "prompt_tokens", "completion_tokens")
+    attributes: dict[str, Any] = {
+        RESPONSE_ID: getattr(result, "id", None) or "",
+        RESPONSE_MODEL: getattr(result, "model", None) or "",
+        FINISH_REASONS: [str(c.finish_reason) for c in choices if c.finish_reason],
+    }
+    _usage(attributes, getattr(result, "usage", None), _CHAT_USAGE)
+    span.set_attributes(attributes)
     if call.content:
         messages = []
         for choice in choices:
@@ -243,12 +265,7 @@ class _ChatStream(Recorder):
             RESPONSE_MODEL: self.model,
             FINISH_REASONS: [reasons[i] for i in sorted(reasons)],
         }
-        usage = self.usage
-        if usage is not None:
-            if isinstance(usage.prompt_tokens, int):
-                attributes[INPUT_TOKENS] = usage.prompt_tokens
-            if isinstance(usage.completion_tokens, int):
-                attributes[OUTPUT_TOKENS] = usage.completion_tokens
+        _usage(attributes, self.usage, _CHAT_USAGE)
         outputs: list[dict[str, Any]] = []
         if call.content:
             messages: list[dict[str, Any]] = []
@@ -285,44 +302,38 @@ def _responses_input(value: Any) -> list[dict[str, Any]] | None:
         return [{"role": "user", "parts": [{"type": "text", "content": value}]}]
     if not isinstance(value, (list, tuple)):
         return None
+    # Items may be dicts or the SDK's models (a previous response's ``output`` passed back).
     out: list[dict[str, Any]] = []
     for item in value:
-        if not isinstance(item, Mapping):
-            out.append({"role": None, "parts": [item]})
-            continue
-        kind = item.get("type")
+        kind = field(item, "type")
         if kind == "function_call_output":
-            out.append(
-                {
-                    "role": "tool",
-                    "parts": [
-                        {
-                            "type": "tool_call_response",
-                            "id": item.get("call_id"),
-                            "response": item.get("output"),
-                        }
-                    ],
-                }
-            )
+            part: dict[str, Any] = {
+                "type": "tool_call_response",
+                "id": field(item, "call_id"),
+                "response": field(item, "output"),
+            }
+            out.append({"role": "tool", "parts": [part]})
         elif kind == "function_call":
             part = {
                 "type": "tool_call",
-                "id": item.get("call_id"),
-                "name": item.get("name"),
-                "arguments": item.get("arguments"),
+                "id": field(item, "call_id"),
+                "name": field(item, "name"),
+                "arguments": field(item, "arguments"),
             }
             out.append({"role": "assistant", "parts": [part]})
-        else:
-            out.append({"role": item.get("role"), "parts": _text_parts(item.get("content"))})
+        elif kind in (None, "message"):
+            out.append({"role": _role(item), "parts": _text_parts(field(item, "content"))})
+        else:  # the model's own output items (reasoning, built-in tool calls), as given
+            out.append({"role": "assistant", "parts": [item]})
     return out
 
 
-def _begin_responses(kwargs: dict[str, Any]) -> Call:
-    name, attributes = _base("chat", kwargs)
+def _begin_responses(resource: Any, kwargs: dict[str, Any]) -> Call:
+    name, attributes = _base(resource, sc.GEN_AI_OP_CHAT, kwargs)
     _sampling(attributes, kwargs)
     content = _core.content_enabled()
     if content:
-        messages = _responses_input(kwargs.get("input"))
+        messages = _core.converted(_responses_input, kwargs.get("input"))
         if messages is not None:
             attributes[INPUT_MESSAGES] = messages
         instructions = kwargs.get("instructions")
@@ -337,9 +348,12 @@ def _begin_responses(kwargs: dict[str, Any]) -> Call:
 def _record_response(call: Call, response: Any, text: str | None = None) -> None:
     """Everything a final Response object says; ``text`` is the streamed text, when known."""
     span = call.span
-    span.set_attribute(RESPONSE_ID, getattr(response, "id", None) or "")
-    span.set_attribute(RESPONSE_MODEL, getattr(response, "model", None) or "")
-    _usage(span, getattr(response, "usage", None), "input_tokens", "output_tokens")
+    attributes: dict[str, Any] = {
+        RESPONSE_ID: getattr(response, "id", None) or "",
+        RESPONSE_MODEL: getattr(response, "model", None) or "",
+    }
+    _usage(attributes, getattr(response, "usage", None), _RESPONSES_USAGE)
+    span.set_attributes(attributes)
     parts: list[Any] = []
     has_tool_call = False
     for item in getattr(response, "output", None) or ():
@@ -424,12 +438,12 @@ class _ResponsesStream(Recorder):
 # -- embeddings -----------------------------------------------------------------------------
 
 
-def _begin_embeddings(kwargs: dict[str, Any]) -> Call:
-    name, attributes = _base("embeddings", kwargs)
+def _begin_embeddings(resource: Any, kwargs: dict[str, Any]) -> Call:
+    name, attributes = _base(resource, sc.GEN_AI_OP_EMBEDDINGS, kwargs)
     encoding = kwargs.get("encoding_format")
     if isinstance(encoding, str):
-        attributes["gen_ai.request.encoding_formats"] = [encoding]
-    set_if(attributes, "gen_ai.embeddings.dimension.count", kwargs.get("dimensions"))
+        attributes[sc.GEN_AI_REQUEST_ENCODING_FORMATS] = [encoding]
+    set_if(attributes, sc.GEN_AI_EMBEDDINGS_DIMENSION_COUNT, kwargs.get("dimensions"))
     content = _core.content_enabled()
     call = Call(name, attributes, content)
     if call.content:
@@ -439,13 +453,13 @@ def _begin_embeddings(kwargs: dict[str, Any]) -> Call:
 
 def _done_embeddings(call: Call, kwargs: dict[str, Any], result: Any) -> Any:
     span = call.span
-    span.set_attribute(RESPONSE_MODEL, getattr(result, "model", None) or "")
-    usage = getattr(result, "usage", None)
-    _usage(span, usage, "prompt_tokens", "completion_tokens")
+    attributes: dict[str, Any] = {RESPONSE_MODEL: getattr(result, "model", None) or ""}
+    _usage(attributes, getattr(result, "usage", None), _CHAT_USAGE)
+    span.set_attributes(attributes)
     data = getattr(result, "data", None) or ()
     if data:
         dimensions = len(data[0].embedding)
-        span.set_attribute("gen_ai.embeddings.dimension.count", dimensions)
+        span.set_attribute(sc.GEN_AI_EMBEDDINGS_DIMENSION_COUNT, dimensions)
         # The vectors are bulky and say little in a trace: their shape is the output.
         span.set_output({"embeddings": len(data), "dimensions": dimensions})
     call.end()
