@@ -48,8 +48,12 @@ def loop(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def collector(tmp_path: Path, loop: str) -> Iterator[str]:
-    """A token-less collector with a 1 MiB decompressed limit, on ``loop``."""
-    with running_collector(tmp_path / "edges.db", loop=loop, max_decompressed_bytes=LIMIT) as url:
+    """A token-less collector with a 1 MiB decompressed limit, on ``loop``. Its budget of
+    request bodies held at once (3 MiB) is less than what a test sends in all: a refused
+    request that kept its share would turn later ones into 429s."""
+    with running_collector(
+        tmp_path / "edges.db", loop=loop, max_decompressed_bytes=LIMIT, max_pending_bytes=3 * LIMIT
+    ) as url:
         yield url
 
 
