@@ -11,7 +11,6 @@ import gzip
 import importlib.util
 import signal
 import struct
-import sys
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -300,7 +299,6 @@ def test_with_a_token_any_host_is_answered_with_the_token(tmp_path: Path) -> Non
     assert (good.status_code, bad.status_code) == (200, 401)
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="raw sockets to send HTTP/1.0")
 def test_a_request_without_host_is_answered(collector: str) -> None:
     """An HTTP/1.0 request carries no Host (browsers always send one): it is answered."""
     import socket
