@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import traceback
+import types
 from collections import Counter
 
 logger = logging.getLogger("looptrace")
@@ -31,7 +33,10 @@ def internal_error(where: str, exc: BaseException | None = None) -> None:
         first = where not in _seen
         _seen.add(where)
     if first:
-        logger.warning("looptrace internal error in %s (logged once)", where, exc_info=exc)
+        # Formatted here rather than by logging's exc_info, which draws the ^^^ markers
+        # (see format_exception).
+        trace = f"\n{format_exception(exc)}" if exc is not None else ""
+        logger.warning("looptrace internal error in %s (logged once)%s", where, trace.rstrip())
     if raise_internal_errors and exc is not None:
         raise exc
 
@@ -41,7 +46,13 @@ class LoopTraceError(Exception):
 
 
 class ConfigurationError(LoopTraceError, ValueError):
-    """A setting, from code or from the environment, has an invalid value."""
+    """A setting, from code or from the environment, has an invalid value. The message names
+    the variable and the value the user set; ``field`` is the :class:`~looptrace.Config`
+    field concerned, where there is one."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 def report_internal(where: str, exc: BaseException) -> None:
@@ -51,3 +62,31 @@ def report_internal(where: str, exc: BaseException) -> None:
         internal_error(where, exc)
     except Exception:
         pass
+
+
+def format_exception(exc: BaseException, tb: types.TracebackType | None = None) -> str:
+    """``traceback.format_exception`` without the ``^^^^`` markers under each line.
+
+    The markers come from parsing the line's source with ``ast``. CPython 3.11 keeps that
+    parser's recursion counter per interpreter, not per thread: a parse on looptrace's
+    thread while another thread parses (pytest's report, ``logging.exception``, assertion
+    rewriting) makes one of them fail with ``SystemError: AST constructor recursion depth
+    mismatch``. Frames without column positions are formatted without parsing anything, on
+    every Python; the file, line, function and source line are all still there."""
+    te = traceback.TracebackException(
+        type(exc), exc, tb if tb is not None else exc.__traceback__, compact=True
+    )
+    seen: set[int] = set()
+    todo = [te]
+    while todo:
+        t = todo.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        for frame in t.stack:
+            if hasattr(frame, "colno"):  # 3.11 and later
+                frame.colno = None
+                setattr(frame, "end_colno", None)  # noqa: B010 - typeshed lacks it on 3.10
+        todo.extend(x for x in (t.__cause__, t.__context__) if x is not None)
+        todo.extend(getattr(t, "exceptions", None) or ())  # exception groups (3.11)
+    return "".join(te.format())

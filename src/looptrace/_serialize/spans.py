@@ -3,12 +3,12 @@ cap."""
 
 from __future__ import annotations
 
-import traceback
 import types
 from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._capture.spans import UNSET, CallSite, Span
+from .._errors import format_exception
 from .._semconv import (
     CODE_FUNCTION,
     CODE_NAMESPACE,
@@ -175,7 +175,7 @@ def _events(span: Span, pol: Policy) -> list[WireEvent]:
 
 def _stacktrace(exc: BaseException, tb: types.TracebackType | None) -> str:
     try:
-        text = "".join(traceback.format_exception(type(exc), exc, tb))
+        text = format_exception(exc, tb)
     except Exception:
         return f"{_qualified_type(exc)}: <traceback could not be formatted>"
     if len(text) > _STACKTRACE_MAX:
