@@ -39,5 +39,9 @@ def _reset_pipeline() -> Iterator[None]:
     _export.shutdown_sync(timeout=2.0)
     _export._last_stats[0] = None
     _state.config = None
+    # A test that left looptrace disabled or misconfigured leaves the next one a fresh start.
+    _state.disabled = False
+    if isinstance(_state.sink, (_state.NullSink, _export.Misconfigured)):
+        _state.sink = _export.STARTS_PIPELINE
     # A test that provokes an internal error on purpose must not show up in the next one.
     _errors.counts.clear()

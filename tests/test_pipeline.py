@@ -236,7 +236,13 @@ async def test_statistics_snapshot(server: OtlpTestServer) -> None:
     )
     assert stats.spans_sent == 10
     assert stats.requests_sent == 1
-    assert stats.dropped == {"buffer_full": 0, "rejected": 0, "retries_exhausted": 0, "shutdown": 0}
+    assert stats.dropped == {
+        "buffer_full": 0,
+        "rejected": 0,
+        "retries_exhausted": 0,
+        "shutdown": 0,
+        "invalid_config": 0,
+    }
     # In-flight bytes were the encoded spans: the request carried all of them plus a small head.
     assert len(server.requests[0].body) > 10 * 30
 

@@ -8,6 +8,7 @@ fallbacks); ``docs/configuration.md`` lists them all. Code passes overrides to
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import urllib.parse
@@ -31,7 +32,6 @@ DEFAULT_REDACT_KEYS: tuple[str, ...] = (
     "cookie",
     "credential",
     "private_key",
-    "session",
 )
 
 
@@ -104,7 +104,7 @@ class Config:
     lag_summary_interval: float = 10.0
 
     def __post_init__(self) -> None:
-        _check(0.0 <= self.sample_rate <= 1.0, "sample_rate must be between 0 and 1")
+        _check(0.0 <= self.sample_rate <= 1.0, "sample_rate must be between 0 and 1", "sample_rate")
         for name in (
             "max_generator_items",
             "max_value_bytes",
@@ -118,7 +118,7 @@ class Config:
             "backpressure_bytes",
             "offload_threshold_bytes",
         ):
-            _check(getattr(self, name) > 0, f"{name} must be positive")
+            _check(getattr(self, name) > 0, f"{name} must be positive", name)
         for name in (
             "export_timeout",
             "flush_interval",
@@ -128,16 +128,22 @@ class Config:
             "lag_culprit_threshold",
             "lag_summary_interval",
         ):
-            _check(getattr(self, name) > 0, f"{name} must be a positive number of seconds")
+            _check(getattr(self, name) > 0, f"{name} must be a positive number of seconds", name)
         _check(
             self.client_key is None or self.client_certificate is not None,
             "client_key needs client_certificate",
+            "client_key",
         )
-        _check(self.retry_budget >= 0, "retry_budget must not be negative")
-        _check(self.encoding in ("protobuf", "json"), "encoding must be 'protobuf' or 'json'")
+        _check(self.retry_budget >= 0, "retry_budget must not be negative", "retry_budget")
+        _check(
+            self.encoding in ("protobuf", "json"),
+            "encoding must be 'protobuf' or 'json'",
+            "encoding",
+        )
         _check(
             self.compression in ("auto", "gzip", "zstd", "none"),
             "compression must be 'auto', 'gzip', 'zstd' or 'none'",
+            "compression",
         )
         for name, value in self.headers.items():
             check_header(name, value)
@@ -145,7 +151,9 @@ class Config:
             parsed = urllib.parse.urlsplit(self.endpoint)
             _check(
                 parsed.scheme in ("http", "https") and bool(parsed.netloc),
-                f"endpoint must be an http(s) URL, got {self.endpoint!r}",
+                f"endpoint {self.endpoint!r} is not an http(s) URL (such as "
+                "http://localhost:4318/v1/traces)",
+                "endpoint",
             )
 
     def __repr__(self) -> str:
@@ -177,17 +185,23 @@ class Config:
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
 
-        def get(*names: str) -> str | None:
+        # Which variable each setting came from, so that an invalid value is reported under
+        # the name the user set (OTEL_EXPORTER_OTLP_PROTOCOL, not LOOPTRACE_ENCODING).
+        sources: dict[str, tuple[str, str]] = {}
+
+        def get(*names: str) -> tuple[str, str] | None:
             for name in names:
                 raw = env.get(name)
                 if raw is not None and raw.strip() != "":
-                    return raw.strip()
+                    return name, raw.strip()
             return None
 
         def put(field: str, conv: Callable[[str, str], Any], *names: str) -> None:
-            raw = get(*names)
-            if raw is not None:
-                values[field] = conv(names[0], raw)
+            found = get(*names)
+            if found is not None:
+                name, raw = found
+                sources[field] = found
+                values[field] = conv(name, raw)
 
         put("service_name", _str, "LOOPTRACE_SERVICE_NAME", "OTEL_SERVICE_NAME")
         put(
@@ -211,12 +225,14 @@ class Config:
         put("offload_threshold_bytes", _int, "LOOPTRACE_OFFLOAD_THRESHOLD_BYTES")
         traces_endpoint = get("LOOPTRACE_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         if traces_endpoint is not None:
-            values["endpoint"] = traces_endpoint
+            sources["endpoint"] = traces_endpoint
+            values["endpoint"] = traces_endpoint[1]
         else:
             base = get("OTEL_EXPORTER_OTLP_ENDPOINT")
             if base is not None:
+                sources["endpoint"] = base
                 # The spec: a base endpoint gets the signal path appended.
-                values["endpoint"] = base.rstrip("/") + "/v1/traces"
+                values["endpoint"] = base[1].rstrip("/") + "/v1/traces"
         put(
             "headers",
             _pairs,
@@ -282,16 +298,28 @@ class Config:
         put("lag_culprits", _bool, "LOOPTRACE_LAG_CULPRITS")
         put("lag_culprit_threshold", _float, "LOOPTRACE_LAG_CULPRIT_THRESHOLD")
         put("lag_summary_interval", _float, "LOOPTRACE_LAG_SUMMARY_INTERVAL")
+        _warn_about(sources, values.get("endpoint"))
         values.update(overrides)
         try:
             return cls(**values)
         except TypeError as exc:
             raise ConfigurationError(str(exc)) from None
+        except ConfigurationError as exc:
+            source = sources.get(exc.field or "") if exc.field not in overrides else None
+            if source is None:
+                raise
+            name, raw = source
+            shown = raw if exc.field not in _SECRET_FIELDS else "<redacted>"
+            raise ConfigurationError(f"{name}={shown!r}: {exc}", exc.field) from None
 
 
-def _check(ok: bool, message: str) -> None:
+# Settings whose value is never echoed in a message.
+_SECRET_FIELDS = frozenset(("headers", "client_key", "collector_token"))
+
+
+def _check(ok: bool, message: str, field: str | None = None) -> None:
     if not ok:
-        raise ConfigurationError(message)
+        raise ConfigurationError(message, field)
 
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -366,11 +394,46 @@ def _encoding(name: str, raw: str) -> Encoding:
     low = raw.lower()
     if low in ("protobuf", "http/protobuf"):
         return "protobuf"
+    if low == "grpc" and name.startswith("OTEL_"):
+        # Deployments set the OTEL_ protocol for every SDK in a process or pod; looptrace is an
+        # OTLP/HTTP client, so it sends protobuf over HTTP and says so once (_warn_about).
+        return "protobuf"
     if low in ("json", "http/json"):
         return "json"
     raise ConfigurationError(
         f"{name} must be protobuf or json (http/protobuf, http/json), got {raw!r}"
     )
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_about(sources: Mapping[str, tuple[str, str]], endpoint: str | None) -> None:
+    """One line, once per process, for settings looptrace uses otherwise than they read."""
+    lines = []
+    name, raw = sources.get("encoding", ("", ""))
+    if raw.lower() == "grpc":
+        to = f"to {endpoint}" if endpoint else "(no endpoint is set: spans go to the local store)"
+        hint = ""
+        if endpoint and urllib.parse.urlsplit(endpoint).port == 4317:
+            hint = "; port 4317 is OTLP/gRPC's, an OpenTelemetry Collector takes OTLP/HTTP on 4318"
+        lines.append(
+            (name, f"{name}=grpc: looptrace sends OTLP over HTTP only, as http/protobuf {to}{hint}")
+        )
+    name, raw = sources.get("endpoint", ("", ""))
+    if name == "OTEL_EXPORTER_OTLP_ENDPOINT" and raw.rstrip("/").endswith("/v1/traces"):
+        lines.append(
+            (
+                name,
+                f"{name}={raw!r} is a base URL, to which /v1/traces is added ({endpoint}); for "
+                "the full URL of traces set OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or "
+                "LOOPTRACE_ENDPOINT instead",
+            )
+        )
+    for key in lines:
+        if key not in _warned:
+            _warned.add(key)
+            logging.getLogger("looptrace").warning("looptrace: %s", key[1])
 
 
 def _compression(name: str, raw: str) -> Compression:

@@ -41,16 +41,49 @@ _atexit_registered = False
 
 class StartsPipeline:
     """The sink until a pipeline runs: the first span starts one from the configuration in
-    force, which then replaces this as the sink."""
+    force, which then replaces this as the sink (or, when looptrace is disabled or its
+    settings cannot be used, the sink that drops spans without a pipeline)."""
 
     def on_start(self, span: Span) -> None:
-        _get_or_create().on_start(span)
+        _first_sink().on_start(span)
 
     def on_end(self, span: Span) -> None:
-        _get_or_create().on_end(span)
+        _first_sink().on_end(span)
 
 
 STARTS_PIPELINE = StartsPipeline()
+
+
+class Misconfigured:
+    """The sink while the settings in the environment cannot be used: one line says which
+    variable and why, when the first span needs them; every span that ends is counted as
+    dropped (``invalid_config``), so ``statistics()`` and ``flush()`` tell the truth. A later
+    ``configure()`` with valid settings replaces it."""
+
+    def __init__(self, error: _errors.ConfigurationError) -> None:
+        self.error = str(error)
+        self.dropped = 0
+        logger.warning("looptrace: %s; no span is exported until it is fixed", self.error)
+
+    def on_start(self, span: Span) -> None:
+        pass
+
+    def on_end(self, span: Span) -> None:
+        self.dropped += 1
+
+    def dropped_by_reason(self) -> dict[str, int]:
+        return {**dict.fromkeys(DROP_REASONS, 0), "invalid_config": self.dropped}
+
+
+def _first_sink() -> _state.Sink:
+    """The sink for spans once the first one needs the settings (see StartsPipeline)."""
+    with _lock:
+        if _state.sink is STARTS_PIPELINE:
+            get_config()  # may install the disabled or the misconfigured sink
+        sink = _state.sink
+        if sink is not STARTS_PIPELINE:
+            return sink
+        return _get_or_create()
 
 
 def _wire_lag_monitor(cfg: Config) -> None:
@@ -91,6 +124,8 @@ def _get_or_create() -> Pipeline:
     with _lock:
         pipeline = _pipeline
         if pipeline is None or pipeline._closed.is_set():
+            # get_config() raises ConfigurationError when the environment cannot be used: the
+            # caller (the first span's sink, or flush) decides what that means for it.
             pipeline = _pipeline = Pipeline(get_config())
             _state.sink = pipeline
             if not _atexit_registered:
@@ -130,7 +165,8 @@ def configure(**overrides: Any) -> Config:
     with _lock:
         _state.apply_config(cfg)
         old, _pipeline = _pipeline, None
-        _state.sink = STARTS_PIPELINE
+        # Disabled: nothing is recorded or sent, and no pipeline is ever started.
+        _state.sink = _state.NullSink() if cfg.disabled else STARTS_PIPELINE
     if old is not None:
         old.close_soon()
     if not cfg.disabled:
@@ -175,15 +211,44 @@ def prepare_ahead() -> None:
         cfg = Config.from_env()
     except Exception:
         return  # a bad setting is reported where the settings are applied, not here
-    if not cfg.disabled:
+    if cfg.disabled:
+        # LOOPTRACE_DISABLED / OTEL_SDK_DISABLED: the first traced call records nothing
+        # either (the settings are applied, in full, when something asks for them).
+        _state.disabled = True
+    else:
         _prepare(cfg)
 
 
 def get_config() -> Config:
-    """The settings in force (read from the environment on first use)."""
-    if _state.config is None:
+    """The settings in force (read from the environment on first use).
+
+    Never raises: when the environment holds a value looptrace cannot use, one line on the
+    ``looptrace`` logger names the variable and its value, the defaults stand in for the
+    callers that read settings, and every span is counted as dropped (``invalid_config``)
+    until a ``configure()`` with usable settings. ``configure()`` itself raises
+    :class:`~looptrace.ConfigurationError`: whoever calls it can act on it."""
+    cfg = _state.config
+    if cfg is not None:
+        return cfg
+    try:
         return configure()
-    return _state.config
+    except _errors.ConfigurationError as exc:
+        with _lock:
+            cfg = _state.config
+            if cfg is None:
+                cfg = Config()
+                _state.apply_config(cfg)
+                _state.sink = Misconfigured(exc)
+        return cfg
+
+
+def _no_pipeline() -> FlushResult:
+    """What a flush achieves with no pipeline: nothing pending, and, with settings that cannot
+    be used, every span dropped so far (so ``ok`` is False)."""
+    sink = _state.sink
+    if isinstance(sink, Misconfigured):
+        return FlushResult(0, sink.dropped_by_reason(), 0)
+    return FlushResult(0, dict.fromkeys(DROP_REASONS, 0), 0)
 
 
 async def flush(timeout: float | None = None) -> FlushResult:
@@ -191,7 +256,7 @@ async def flush(timeout: float | None = None) -> FlushResult:
     seconds; never blocks the event loop. Returns what happened and what is still pending."""
     pipeline = _pipeline
     if pipeline is None:
-        return FlushResult(0, dict.fromkeys(DROP_REASONS, 0), 0)
+        return _no_pipeline()
     return await pipeline.flush(timeout)
 
 
@@ -199,7 +264,7 @@ def flush_sync(timeout: float | None = None) -> FlushResult:
     """:func:`flush` for synchronous code (blocks the calling thread, never deadlocks)."""
     pipeline = _pipeline
     if pipeline is None:
-        return FlushResult(0, dict.fromkeys(DROP_REASONS, 0), 0)
+        return _no_pipeline()
     return pipeline.flush_sync(timeout)
 
 
@@ -248,6 +313,13 @@ def statistics() -> Statistics:
     """A typed snapshot of the pipeline: queued, in flight, sent, retried, dropped by reason."""
     pipeline = _pipeline or _last_stats[0]
     if pipeline is None:
+        sink = _state.sink
+        if isinstance(sink, Misconfigured):
+            return Statistics(
+                dropped=sink.dropped_by_reason(),
+                last_error=sink.error,
+                internal_errors=dict(_errors.counts),
+            )
         return Statistics(internal_errors=dict(_errors.counts))
     return pipeline.statistics()
 
@@ -289,7 +361,8 @@ def _at_exit() -> None:
     if pipeline.buffer.idle():
         pipeline._finish_close()  # nothing to send; reports drops not yet logged
         return
-    _report_lost(pipeline, pipeline.shutdown_sync(pipeline.cfg.shutdown_timeout))
+    # One line says what could not be sent (the drop log and the deadline stay quiet).
+    _report_lost(pipeline, pipeline.shutdown_sync(pipeline.cfg.shutdown_timeout, quiet=True))
 
 
 def _report_lost(pipeline: Pipeline, result: FlushResult) -> None:

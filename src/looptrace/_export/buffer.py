@@ -32,7 +32,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .._capture.spans import Span
 
-DROP_REASONS = ("buffer_full", "rejected", "retries_exhausted", "shutdown")
+# invalid_config: spans ended while the settings in the environment could not be used, so no
+# pipeline could start (see ``_export.Misconfigured``).
+DROP_REASONS = ("buffer_full", "rejected", "retries_exhausted", "shutdown", "invalid_config")
 
 # Until ``_serialize.estimate_size`` is loaded (off the caller's path), a span is assumed to
 # weigh this much.
