@@ -34,7 +34,7 @@ from .._errors import report_internal
 from .._transport import RetryPolicy, off_loop
 from .buffer import Batch, Buffer, halves, part
 from .exporter import Exporter, Outcome, Verdict
-from .homes import Home, Waiter, running_asyncio_loop, wait_event
+from .homes import Home, PrivateLoop, Waiter, running_asyncio_loop, wait_event
 from .open_roots import OpenRoots
 from .retry import Health
 from .stats import DropLog
@@ -59,7 +59,10 @@ class Flusher:
     ) -> None:
         self.cfg = cfg
         self.exporter = exporter
-        self.health = Health(retry_policy or RetryPolicy(budget=cfg.retry_budget))
+        self.health = Health(
+            retry_policy or RetryPolicy(budget=cfg.retry_budget),
+            cfg.endpoint or f"the local store {cfg.store_path}",
+        )
         self._lock = threading.Lock()
         self._homes: list[Home] = []
         self._home: Home | None = None  # the one producers kick
@@ -178,7 +181,7 @@ class Flusher:
         return home
 
     def _thread_main(self, home: Home) -> None:
-        loop = asyncio.new_event_loop()
+        loop = PrivateLoop()
         try:
             home.loop = loop
             home.thread_id = threading.get_ident()
@@ -456,17 +459,19 @@ class Flusher:
     def _failed(self, batch: Batch, error: str, retry_after: float | None) -> None:
         if batch.first_failure is None:
             batch.first_failure = time.monotonic()
-        if self.health.failed(error, retry_after, batch.first_failure):
+        given_up = self.health.failed(error, retry_after, batch.first_failure)
+        if given_up is None:
             batch.attempts += 1
             self.buffer.returned(batch)
         else:
-            self.buffer.drop(batch, "retries_exhausted")
+            self.buffer.drop(batch, given_up)
 
     def _rejected(self, batch: Batch, outcome: Outcome) -> None:
         if self.health.rejected(outcome):
             logger.warning(
-                "looptrace: the backend rejected a batch with %s (%s); such batches are "
+                "looptrace: %s rejected a batch with %s (%s); such batches are "
                 "dropped (logged once per status)",
+                self.health.where,
                 outcome.error,
                 outcome.detail or "no detail",
             )

@@ -223,6 +223,10 @@ class _Session:
             response = await self._transport.send(body, headers)
         except (OSError, asyncio.TimeoutError) as exc:
             return Outcome(Verdict.RETRY, _describe(exc))
+        except RuntimeError as exc:
+            # At interpreter exit an executor refuses new work ("cannot schedule new futures
+            # after interpreter shutdown"): a request that could not go, not a bug to report.
+            return Outcome(Verdict.RETRY, f"no request could be made at exit ({exc})")
         return outcome_of(response)
 
     async def _deliver(self, job: Job) -> Outcome | bytes:

@@ -55,6 +55,7 @@ class Pipeline(Flusher):
         exporter: Exporter | None = None,
     ) -> None:
         super().__init__(cfg, exporter or default_exporter(cfg, transport_factory), retry_policy)
+        self._quiet = False  # the exit reports what was lost in one line of its own
 
     def _kick(self, urgent: bool) -> Home:
         home = self._home
@@ -229,19 +230,25 @@ class Pipeline(Flusher):
         self.exporter.shutdown()
         self.on_end = ignore
         self.on_start = ignore
-        if pending or in_flight:
+        if (pending or in_flight) and not self._quiet:
             logger.warning(
-                "looptrace: shutdown deadline passed with %d span(s) unsent (%d queued, %d in "
-                "flight); last error: %s",
+                "looptrace: shutdown deadline passed with %d span(s) unsent to %s (%d queued, "
+                "%d in flight); last error: %s",
                 pending + in_flight,
+                self.health.where,
                 pending,
                 in_flight,
                 self.last_error or "none",
             )
         self._notify()
 
-    def shutdown_sync(self, timeout: float | None = None) -> FlushResult:
-        """Send what is held, within ``timeout`` (default cfg.shutdown_timeout), then stop."""
+    def shutdown_sync(self, timeout: float | None = None, quiet: bool = False) -> FlushResult:
+        """Send what is held, within ``timeout`` (default cfg.shutdown_timeout), then stop.
+        ``quiet``: log nothing about what is lost (the caller reports the result itself)."""
+        if quiet:
+            self._quiet = True
+            self._drops.mute()
+        self.health.closing()
         timeout = self.cfg.shutdown_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         before = self._counters()
@@ -258,6 +265,7 @@ class Pipeline(Flusher):
 
     async def shutdown(self, timeout: float | None = None) -> FlushResult:
         """Async twin of :meth:`shutdown_sync`; never blocks the loop."""
+        self.health.closing()
         timeout = self.cfg.shutdown_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         before = self._counters()

@@ -83,8 +83,16 @@ class DropLog:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._log: dict[str, tuple[float, int]] = {}
+        self._muted = False
+
+    def mute(self) -> None:
+        """From now on count only: the caller says what was lost in a line of its own (the
+        exit's)."""
+        self._muted = True
 
     def dropped(self, reason: str, count: int) -> None:
+        if self._muted:
+            return
         now = time.monotonic()
         with self._lock:
             last, unreported = self._log.get(reason, (0.0, 0))
@@ -106,7 +114,7 @@ class DropLog:
 
     def close(self) -> None:
         with self._lock:
-            unreported = {r: n for r, (_, n) in self._log.items() if n}
+            unreported = {r: n for r, (_, n) in self._log.items() if n and not self._muted}
             self._log.clear()
         for reason, count in unreported.items():
             logger.warning(
