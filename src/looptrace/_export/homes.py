@@ -11,7 +11,24 @@ from typing import Any
 from .buffer import Batch
 from .exporter import Session
 
-__all__ = ["Home", "Waiter", "running_asyncio_loop", "wait_event", "wait_future"]
+__all__ = ["Home", "PrivateLoop", "Waiter", "running_asyncio_loop", "wait_event", "wait_future"]
+
+
+class PrivateLoop(asyncio.SelectorEventLoop):
+    """The loop of looptrace's own thread, which creates it. Programs and test suites that
+    walk ``gc.get_objects()`` and close every event loop they find (anyio's among them) would
+    fail on it ("Cannot close a running event loop"), or close it under looptrace's thread: a
+    ``close()`` from any other thread is ignored, and the thread closes it itself when it is
+    done. A selector loop on every platform: it only makes client connections."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._owner = threading.get_ident()
+
+    def close(self) -> None:
+        if threading.get_ident() != self._owner:
+            return
+        super().close()
 
 
 class Waiter:
