@@ -167,7 +167,9 @@ def run_demo(store_path: Path, cases: int = 8, out: IO[str] | None = None) -> lo
         (f"{cmd} serve", "all of it in a browser at http://localhost:4318"),
     ]
     if not _has_server_extra():
-        hints.append(("", "(serve needs the server extra: pip install 'looptrace[server]')"))
+        from ._install import install_hint
+
+        hints.append(("", f"(serve needs the server extra: {install_hint('server')})"))
     width = max(len(c) for c, _ in hints) + 3
     out.write(f"\nThe traces are in {store_path}. Look at them:\n")
     out.write("".join(f"  {c:<{width}}{d}\n" for c, d in hints))

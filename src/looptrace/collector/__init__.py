@@ -1,6 +1,6 @@
 """``looptrace serve``: an OTLP/HTTP receiver that writes into the local store, plus the JSON API
 the viewer reads. Needs the ``server`` extra (starlette, uvicorn, opentelemetry-proto):
-``pip install 'looptrace[server]'``.
+``pip install '.[server]'`` from a clone (:data:`INSTALL_HINT` is the command for this install).
 
     from looptrace.collector import create_app, serve
     app = create_app("traces.db", token="s3cret")      # any ASGI server can run it
@@ -18,7 +18,16 @@ if TYPE_CHECKING:
 
 __all__ = ["MissingServerExtra", "create_app", "serve"]
 
-INSTALL_HINT = "pip install 'looptrace[server]'"
+
+def _install_hint() -> str:
+    from ._internals import install_hint
+
+    return install_hint("server")
+
+
+# The command that installs the extra from where looptrace itself came from (a clone's folder,
+# or the extra's packages by name): looptrace[server] may not be on the user's index.
+INSTALL_HINT = _install_hint()
 
 
 class MissingServerExtra(ImportError):

@@ -4,6 +4,7 @@ not offer, named in one place.
 - the store it writes into and serves from (``_store``);
 - the shape a decoded span takes (``_wire.DecodedSpan``), the OTLP media types and the
   compression module's optional zstd (``_otlp``);
+- the command that installs its extra (``_install``);
 - the settings it starts from (``_config``) and what counts as a loopback address
   (``_transport.settings``).
 """
@@ -11,6 +12,7 @@ not offer, named in one place.
 from __future__ import annotations
 
 from .._config import Config as Config
+from .._install import install_hint as install_hint
 from .._otlp import JSON_CONTENT_TYPE as JSON_CONTENT_TYPE
 from .._otlp import PROTOBUF_CONTENT_TYPE as PROTOBUF_CONTENT_TYPE
 from .._otlp import compression as compression
