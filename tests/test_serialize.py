@@ -513,8 +513,8 @@ def test_secret_key_found_in_long_rows_after_near_misses() -> None:
     assert len(clean) > 16 * 1024
     assert not pol.maybe_secret(clean)
     assert pol.maybe_secret(orjson.dumps({"rows": rows, "last": {"API-Key": 1}}))
-    out = js({"rows": rows[:3], "padding": rows, "auth": {"session_id": "abc"}})
-    assert out["auth"]["session_id"] == REDACTED
+    out = js({"rows": rows[:3], "padding": rows, "auth": {"session_token": "abc"}})
+    assert out["auth"]["session_token"] == REDACTED
     assert out["rows"][0]["note"] == "token password api_key"
 
 
@@ -541,7 +541,7 @@ def test_key_scan_reads_keys_back_exactly_when_they_are_escaped() -> None:
         'api"key',  # an escaped quote between the words
         "api\\key",  # an escaped backslash
         "pass\x00word\x01token",  # \u0000 and \u0001: unicode escapes split the words
-        "x\u2028session",  # a separator orjson writes as UTF-8, not escaped
+        "x\u2028secret",  # a separator orjson writes as UTF-8, not escaped
         "\tAuthorization\r",
     ]
     plain_despite_escapes = ["tok\nen", "pass\x00word", 'max"tokens', "\\nkey", "x\\napikey"]
@@ -586,10 +586,10 @@ def test_key_scan_finds_nested_secrets_after_learning_the_shape() -> None:
         assert not pol.maybe_secret(out)
     for where in (0, 999, 1999):
         changed = [dict(r) for r in rows]
-        changed[where]["meta"] = {"rank": 1, "ok": True, "auth": {"sessionId": "s"}}
+        changed[where]["meta"] = {"rank": 1, "ok": True, "auth": {"accessToken": "s"}}
         assert pol.maybe_secret(orjson.dumps({"rows": changed}))
         masked = js({"rows": changed})
-        assert masked["rows"][where]["meta"]["auth"]["sessionId"] == REDACTED
+        assert masked["rows"][where]["meta"]["auth"]["accessToken"] == REDACTED
         assert masked["rows"][where - 1]["meta"] == rows[where - 1]["meta"]
     assert pol.maybe_secret(orjson.dumps({"password": 1, "rows": rows}))
     assert pol.maybe_secret(orjson.dumps({"rows": rows, "Cookie": 1}))
@@ -604,7 +604,7 @@ def test_known_keys_never_hide_a_secret_key_that_ends_like_them() -> None:
     out = orjson.dumps({"rows": rows})
     for _ in range(3):
         assert not pol.maybe_secret(out)
-    for key in ['password"name', 'token",name', 'secret{"name', 'api_key",', 'cookie"', "session{"]:
+    for key in ['password"name', 'token",name', 'secret{"name', 'api_key",', 'cookie"', "passwd{"]:
         assert pol.is_secret(key)
         assert pol.maybe_secret(orjson.dumps({"rows": rows, "last": {key: 1}})), key
         assert pol.maybe_secret(orjson.dumps([{key: 1}, *rows])), key
@@ -976,3 +976,27 @@ def test_remote_parent_flag_reaches_the_wire() -> None:
     wires = {s.name: to_wire(s, cfg) for s in spans}
     assert wires["server"].parent_is_remote
     assert not wires["inner"].parent_is_remote
+
+
+def test_default_redaction_keeps_what_llm_applications_group_and_count_by() -> None:
+    """session_id, user_id and token counts (OpenAI's, Gemini's, OpenInference's) stay
+    readable by default; credentials under the same words are still masked."""
+    out = js(
+        {
+            "session_id": "conv-42",
+            "user_id": "ann",
+            "session": "conv-42",
+            "usage": {"prompt_tokens": 12, "prompt_token_count": 12, "total_token_count": 30},
+            "llm.token_count.prompt": 12,
+            "headers": {"Authorization": "Bearer sk-1", "X-Session-Token": "t"},
+            "access_token": "a",
+            "token": "b",
+        }
+    )
+    assert (
+        out["session_id"] == "conv-42" and out["user_id"] == "ann" and out["session"] == "conv-42"
+    )
+    assert out["usage"] == {"prompt_tokens": 12, "prompt_token_count": 12, "total_token_count": 30}
+    assert out["llm.token_count.prompt"] == 12
+    assert out["headers"] == {"Authorization": REDACTED, "X-Session-Token": REDACTED}
+    assert out["access_token"] == REDACTED and out["token"] == REDACTED

@@ -39,6 +39,10 @@ def _letters(segment: str) -> bytes:
 # In orjson's output a separator between words is any non-letter, or an escape such as \n.
 _SEP = rb"(?:(?:[^A-Za-z]|\\[bfnrt]|\\u00[0-9a-fA-F]{2})+|(?<=[a-z])(?=[A-Z]))"
 _AFTER = rb"(?:(?![A-Za-z])|(?<=[a-z])(?=[A-Z]))"
+# A key that counts what the word names is no secret: ``token_count``, ``prompt_token_count``,
+# ``llm.token_count.prompt`` (how Gemini and OpenInference report LLM usage) are kept.
+_COUNTS = ("count", "counts")
+_NOT_COUNTED = rb"(?!" + _SEP + rb"[cC][oO][uU][nN][tT][sS]?" + _AFTER + rb")"
 
 
 class _Word:
@@ -47,7 +51,9 @@ class _Word:
     def __init__(self, word: str) -> None:
         self.segments = _segments(word)
         self.first = self.segments[0].encode()
-        self.pattern = re.compile(_SEP.join(_letters(s) for s in self.segments) + _AFTER)
+        self.pattern = re.compile(
+            _SEP.join(_letters(s) for s in self.segments) + _AFTER + _NOT_COUNTED
+        )
 
 
 class Policy:
@@ -235,7 +241,10 @@ def _common_prefix(a: bytes, b: bytes) -> bytes:
 
 def _contains(segs: tuple[str, ...], word: tuple[str, ...]) -> bool:
     n = len(word)
-    return any(segs[i : i + n] == word for i in range(len(segs) - n + 1))
+    return any(
+        segs[i : i + n] == word and (i + n == len(segs) or segs[i + n] not in _COUNTS)
+        for i in range(len(segs) - n + 1)
+    )
 
 
 def _is_letter(c: int) -> bool:
