@@ -12,11 +12,44 @@ PYTHON = "3.11"
 SUPPORTED = ["3.10", "3.11", "3.12", "3.13"]
 
 
+# The client's and the collector's tests, run once more on uvloop (what uvicorn runs whenever
+# it is installed): tests/conftest.py reads LOOPTRACE_TEST_LOOP.
+UVLOOP_TESTS = [
+    "tests/test_capture.py",
+    "tests/test_pipeline.py",
+    "tests/test_pipeline_faults.py",
+    "tests/test_pipeline_lifecycle.py",
+    "tests/test_buffer_threads.py",
+    "tests/test_exporters.py",
+    "tests/test_http1.py",
+    "tests/test_client_bounds.py",
+    "tests/test_transport_edges.py",
+    "tests/test_offload_send.py",
+    "tests/test_collector.py",
+    "tests/test_collector_bounds.py",
+    "tests/test_collector_edges.py",
+    "tests/test_evals.py",
+    "tests/test_monitor.py",
+    "tests/test_otel.py",
+]
+UVLOOP_PYTHON = "3.13"
+
+
 @nox.session(python=SUPPORTED)
 def tests(session: nox.Session) -> None:
-    """The test suite on every supported Python (the README's test command runs this)."""
+    """The test suite on every supported Python (the README's test command runs this), and
+    on one of them the client's and the collector's tests on uvloop too."""
     session.install("-e", ".[test]")
     session.run("python", "-m", "pytest", *(session.posargs or ["-q"]))
+    if not session.posargs and session.python == UVLOOP_PYTHON:
+        session.run(
+            "python",
+            "-m",
+            "pytest",
+            "-q",
+            *UVLOOP_TESTS,
+            env={"LOOPTRACE_TEST_LOOP": "uvloop"},
+        )
 
 
 @nox.session(python=PYTHON)

@@ -22,6 +22,65 @@ for _name in list(os.environ):
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+# LOOPTRACE_TEST_LOOP=uvloop runs the whole run on uvloop (what uvicorn picks when it is
+# installed): asyncio.run, pytest-asyncio's loops and the collector's server alike. `nox -s
+# tests` runs the client's and the collector's tests that way once more (noxfile.py).
+if os.environ.get("LOOPTRACE_TEST_LOOP") == "uvloop":
+    import asyncio
+
+    import uvloop
+
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+# Capture and export must never block the application's event loop. In these modules a blocking
+# call (time.sleep, a blocking socket or file operation...) made by looptrace's code while an
+# application's loop runs fails the test, as anyio's suite does for its own code. Exempt: the
+# loop of looptrace's private thread (waiting there holds up no one), the calls whose contract
+# is to block (flush_sync, shutdown_sync), and the store's reading API the tests inspect with.
+BLOCKING_CHECKED = frozenset(
+    (
+        "test_capture",
+        "test_exporters",
+        "test_pipeline",
+        "test_pipeline_faults",
+        "test_pipeline_lifecycle",
+    )
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_blocking_on_the_loop(request: pytest.FixtureRequest) -> Iterator[None]:
+    if request.module.__name__ not in BLOCKING_CHECKED:
+        yield
+        return
+    import asyncio
+
+    from blockbuster import BlockBuster
+
+    from looptrace._export.homes import PrivateLoop
+
+    def on_private_loop() -> bool:
+        try:
+            return isinstance(asyncio.get_running_loop(), PrivateLoop)
+        except RuntimeError:
+            return True
+
+    buster = BlockBuster(
+        scanned_modules=["looptrace"], excluded_modules=["looptrace._store", "looptrace.testing"]
+    )
+    for function in buster.functions.values():
+        function.can_block_in("looptrace/_export/__init__.py", {"flush_sync", "shutdown_sync"})
+        allowed = function.can_block_predicate
+        function.can_block_predicate = lambda *a, _allowed=allowed, **k: (
+            on_private_loop() or _allowed(*a, **k)
+        )
+    buster.activate()
+    try:
+        yield
+    finally:
+        buster.deactivate()
+
 
 @pytest.fixture(autouse=True)
 def _isolated_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

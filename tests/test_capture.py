@@ -667,3 +667,15 @@ def test_the_first_traced_call_imports_nothing(destination: str, tmp_path: Path)
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+async def test_looptrace_code_that_blocks_the_loop_fails_a_test() -> None:
+    """The blocking-call detector (conftest) is on for capture's tests: a blocking call made
+    from looptrace's code while the application's loop runs raises instead of passing."""
+    from blockbuster import BlockingError
+
+    from looptrace import _clock
+
+    planted = compile("import time\ntime.sleep(0)\n", _clock.__file__ or "", "exec")
+    with pytest.raises(BlockingError):
+        exec(planted, {})

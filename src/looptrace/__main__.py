@@ -1,0 +1,5 @@
+"""``python -m looptrace``: the command line, as ``looptrace``."""
+
+from .cli import main
+
+main()
