@@ -197,7 +197,10 @@ class _Connection(asyncio.Protocol):
                     # One send for a small request: a system call costs more than the copy.
                     transport.write(b"".join(pieces))
                 else:
-                    transport.writelines(pieces)
+                    # Piece by piece: before Python 3.12, writelines() joins them, a copy of
+                    # the whole body on the loop.
+                    for piece in pieces:
+                        transport.write(piece)
             except h11.LocalProtocolError as exc:
                 raise ProtocolError(f"the request could not be framed: {exc}") from None
             if self.ended:  # lost before the request went out
