@@ -169,3 +169,9 @@ GENAI_LOOP_BLOCKED_MS = "looptrace.genai.loop_blocked_ms"
 GENAI_LOOP_BLOCKED_BEFORE_FIRST_CHUNK_MS = "looptrace.genai.loop_blocked_before_first_chunk_ms"
 # An event dating a stream's first content chunk.
 GENAI_FIRST_CHUNK_EVENT = "gen_ai.first_token"
+
+# -- Scores attached after the fact, and cost per case (the store and the viewer read these) --
+# looptrace.span.type of a span that carries one score (GEN_AI_EVALUATION_*) of its parent span.
+SPAN_TYPE_SCORE = "score"
+# USD summed over the LLM calls of a case's trace that have a known price (absent: none had).
+CASE_COST_USD = "looptrace.case.cost_usd"
