@@ -165,13 +165,16 @@ def _unzstd(body: bytes | bytearray, max_size: int) -> bytearray:
     pos = 0
     frames = 0
     dctx = zstd.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW)
+    # Past the limit by at most the limit itself (8 MiB at most): a small limit keeps its
+    # memory small, at the price of shorter slices of input.
+    slack = min(_ZSTD_SLACK, max(max_size, 16 * _ZSTD_BLOCK))
     try:
         while True:
             d = dctx.decompressobj(write_size=_CHUNK)
             while not d.eof:
                 if pos == len(view):
                     raise DecodeError("truncated zstd body")
-                blocks = (max_size + _ZSTD_SLACK - len(out)) // _ZSTD_BLOCK
+                blocks = (max_size + slack - len(out)) // _ZSTD_BLOCK
                 piece = view[pos : pos + min(_IN_CHUNK, 3 * (blocks - 1))]
                 pos += len(piece)
                 out += d.decompress(piece)
