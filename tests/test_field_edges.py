@@ -388,3 +388,25 @@ def test_install_hints_work_from_where_looptrace_came_from(monkeypatch: pytest.M
         "-m pip install 'starlette>=0.37' 'uvicorn>=0.29'"
     )
     assert "looptrace[" not in _install.install_hint("server")
+
+
+def test_spans_ended_just_before_exit_reach_a_backend_named_by_host_name(tmp_path: Path) -> None:
+    """The exit's flush connects to a backend named by host name (localhost): asyncio's name
+    lookup runs in an executor that refuses work once the interpreter exits, and every span
+    of a program that only flushes at exit was lost."""
+    body = """
+    import looptrace
+
+    @looptrace.traced
+    def work(i):
+        return i
+
+    for i in range(10):
+        work(i)
+    """
+    with OtlpTestServer() as server:
+        _, stderr, _ = run(
+            body, tmp_path, LOOPTRACE_ENDPOINT=f"http://localhost:{server.port}/v1/traces"
+        )
+        assert server.wait_for_spans(10, timeout=5), stderr
+    assert not [s for s in stderr if "looptrace" in s]

@@ -49,7 +49,7 @@ import socket
 import ssl
 import urllib.parse
 from collections.abc import Mapping, Sequence
-from typing import cast
+from typing import Any, cast
 
 import h11
 
@@ -426,13 +426,23 @@ class Http11Pool:
             conn.abort()
         if self._closed:
             raise ConnectionError("the connection pool is closed")
-        _, conn = await asyncio.get_running_loop().create_connection(
-            functools.partial(_Connection, self._send_buffer),
-            self.host,
-            self.port,
-            ssl=self.tls,
-            server_hostname=self.host if self.tls is not None else None,
-        )
+        loop = asyncio.get_running_loop()
+        factory = functools.partial(_Connection, self._send_buffer)
+        server_hostname = self.host if self.tls is not None else None
+        try:
+            _, conn = await loop.create_connection(
+                factory, self.host, self.port, ssl=self.tls, server_hostname=server_hostname
+            )
+        except RuntimeError:
+            # asyncio looks host names up in the loop's executor, which refuses new work once
+            # the interpreter is exiting ("cannot schedule new futures after interpreter
+            # shutdown"): the exit's flush would lose every span to a backend named by host
+            # name. At exit no application loop is left to hold up, so the name is looked up
+            # here, and the connection made to the address found.
+            addresses = _lookup(self.host, self.port)
+            _, conn = await loop.create_connection(
+                factory, sock=_connect(addresses), ssl=self.tls, server_hostname=server_hostname
+            )
         return conn, False
 
     def open_connections(self) -> int:
@@ -459,3 +469,30 @@ def _user_agent() -> str:
     from .. import __version__
 
     return f"looptrace/{__version__}"
+
+
+_Address = tuple[int, int, int, str, tuple[Any, ...]]
+
+
+def _lookup(host: str, port: int) -> Sequence[_Address]:
+    try:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise OSError(f"cannot resolve {host}: {exc}") from exc
+
+
+def _connect(addresses: Sequence[_Address]) -> socket.socket:
+    """A connected, non-blocking socket to the first address that answers (blocking: only at
+    exit, see :meth:`Http11Pool._connection`)."""
+    error: OSError = OSError("no address to connect to")
+    for family, kind, proto, _, address in addresses:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(5.0)
+            sock.connect(address)
+            sock.setblocking(False)
+            return sock
+        except OSError as exc:
+            sock.close()
+            error = exc
+    raise error
