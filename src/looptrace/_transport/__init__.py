@@ -23,6 +23,7 @@ import collections
 import dataclasses
 import os
 import random
+import sys
 import threading
 import time
 import urllib.parse
@@ -83,6 +84,10 @@ _background_lock = threading.Lock()
 
 def _lower_thread_priority() -> None:
     # On Linux a thread id is a scheduling entity of its own, so this lowers only this thread.
+    # Elsewhere (macOS, the BSDs) setpriority takes a process id, and the thread's native id
+    # would name another process, or fail: the thread keeps its priority there.
+    if not sys.platform.startswith("linux"):
+        return
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
     except (AttributeError, OSError):
