@@ -45,12 +45,18 @@ class ExperimentReads(Connections):
             "WHERE experiment_id = ? AND case_index IS NOT NULL GROUP BY trace_id, case_index)",
             (exp_id,),
         ).fetchone()
-        tokens_in, tokens_out = conn.execute(
-            "SELECT coalesce(sum(i), 0), coalesce(sum(o), 0) FROM ("
+        # The cost is summed over the cases that have one: None when none has (never 0).
+        tokens_in, tokens_out, cost, costed = conn.execute(
+            "SELECT coalesce(sum(i), 0), coalesce(sum(o), 0), sum(c), count(c) FROM ("
             "SELECT min(start_ns), json_extract(attributes, ?) AS i, "
-            "json_extract(attributes, ?) AS o FROM spans "
+            "json_extract(attributes, ?) AS o, json_extract(attributes, ?) AS c FROM spans "
             "WHERE experiment_id = ? AND case_index IS NOT NULL GROUP BY trace_id, case_index)",
-            (f'$."{sc.CASE_INPUT_TOKENS}"', f'$."{sc.CASE_OUTPUT_TOKENS}"', exp_id),
+            (
+                f'$."{sc.CASE_INPUT_TOKENS}"',
+                f'$."{sc.CASE_OUTPUT_TOKENS}"',
+                f'$."{sc.CASE_COST_USD}"',
+                exp_id,
+            ),
         ).fetchone()
         scores = {
             name: {"mean": mean, "min": lo, "max": hi, "count": n}
@@ -70,6 +76,8 @@ class ExperimentReads(Connections):
             "error_count": errors,
             "input_tokens": tokens_in,
             "output_tokens": tokens_out,
+            "cost_usd": cost,
+            "costed_cases": costed,
             "scores": scores,
         }
 
@@ -89,7 +97,7 @@ class ExperimentReads(Connections):
                 f"status_code, status_message, substr(input, 1, {n}), substr(output, 1, {n}), "
                 "json_extract(attributes, ?), in_progress, json_extract(attributes, ?), "
                 "json_extract(attributes, ?), json_extract(attributes, ?), "
-                "json_extract(attributes, ?) FROM spans "
+                "json_extract(attributes, ?), json_extract(attributes, ?) FROM spans "
                 "WHERE experiment_id = ? AND case_index IS NOT NULL "
                 "GROUP BY trace_id, case_index ORDER BY case_index, min(start_ns)",
                 (
@@ -98,6 +106,7 @@ class ExperimentReads(Connections):
                     f'$."{sc.CASE_ERROR}"',
                     f'$."{sc.CASE_INPUT_TOKENS}"',
                     f'$."{sc.CASE_OUTPUT_TOKENS}"',
+                    f'$."{sc.CASE_COST_USD}"',
                     experiment_id,
                 ),
             ).fetchall()
@@ -134,6 +143,7 @@ class ExperimentReads(Connections):
                 "comments": comments.get((r[1], r[3]), {}),
                 "input_tokens": r[15],
                 "output_tokens": r[16],
+                "cost_usd": r[17],
             }
             for r in case_rows
         ]

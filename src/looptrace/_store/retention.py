@@ -84,7 +84,7 @@ class Retention(Connections):
     def _delete_traces(conn: sqlite3.Connection, trace_ids: list[str]) -> int:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for table in ("spans", "scores", "traces"):
+            for table in ("spans", "scores", "trace_labels", "traces"):
                 conn.executemany(
                     f"DELETE FROM {table} WHERE trace_id = ?", [(t,) for t in trace_ids]
                 )

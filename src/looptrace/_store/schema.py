@@ -105,8 +105,49 @@ def _run_script(conn: sqlite3.Connection, script: str) -> None:
             conn.execute(statement)
 
 
+# Version 2: who and what a trace is for, and what it cost. Per span, the facts a trace sums
+# or groups by, picked out of the attributes on write (``write._prepare``) so that keeping the
+# trace row up to date never parses JSON; per trace, their summary; and the tags and metadata
+# the list filters by, one row per (trace, key, value).
+_SCHEMA_V2 = """
+ALTER TABLE spans ADD COLUMN session_id TEXT;
+ALTER TABLE spans ADD COLUMN user_id TEXT;
+ALTER TABLE spans ADD COLUMN span_type TEXT;
+ALTER TABLE spans ADD COLUMN input_tokens INTEGER;
+ALTER TABLE spans ADD COLUMN output_tokens INTEGER;
+ALTER TABLE spans ADD COLUMN cost_usd REAL;
+ALTER TABLE traces ADD COLUMN session_id TEXT;
+ALTER TABLE traces ADD COLUMN user_id TEXT;
+ALTER TABLE traces ADD COLUMN input_tokens INTEGER;
+ALTER TABLE traces ADD COLUMN output_tokens INTEGER;
+ALTER TABLE traces ADD COLUMN cost_usd REAL;
+ALTER TABLE traces ADD COLUMN uncosted_calls INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE traces ADD COLUMN score_count INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS traces_by_session ON traces (session_id, start_ns)
+    WHERE session_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS traces_by_user ON traces (user_id, start_ns)
+    WHERE user_id IS NOT NULL;
+CREATE TABLE IF NOT EXISTS trace_labels (
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    trace_id TEXT NOT NULL,
+    PRIMARY KEY (key, value, trace_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS trace_labels_by_trace ON trace_labels (trace_id)
+"""
+
+
+def _migrate_to_2(conn: sqlite3.Connection) -> None:
+    _run_script(conn, _SCHEMA_V2)
+    # Spans stored before version 2 get their columns from their attributes, once; the labels
+    # and the trace rows are then rebuilt from them by the writer's own statements.
+    from .write import backfill_v2
+
+    backfill_v2(conn)
+
+
 # _MIGRATIONS[i] takes a file at schema version i to version i + 1. Append, never edit.
-_MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_to_1]
+_MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_to_1, _migrate_to_2]
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 

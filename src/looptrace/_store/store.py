@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from .experiments import ExperimentReads
 from .lag import LagReads
 from .schema import SCHEMA_VERSION
+from .sessions import SessionReads
 from .traces import TraceReads
 from .write import Writer
 
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     from .._config import Config
 
 
-class Store(Writer, TraceReads, ExperimentReads, LagReads):
+class Store(Writer, TraceReads, SessionReads, ExperimentReads, LagReads):
     """One SQLite store file. Thread-safe: any thread may read or write; writes are serialized.
 
     ``Store(path)`` opens lazily: nothing touches the disk until the first call. Readers use
@@ -35,6 +36,9 @@ class Store(Writer, TraceReads, ExperimentReads, LagReads):
                 "SELECT count(*), coalesce(sum(span_count), 0) FROM traces"
             ).fetchone()
             experiments = conn.execute("SELECT count(*) FROM experiments").fetchone()[0]
+            sessions = conn.execute(
+                "SELECT count(DISTINCT session_id) FROM traces WHERE session_id IS NOT NULL"
+            ).fetchone()[0]
             used = self._used_bytes(conn)
         return {
             "path": str(self.path),
@@ -42,5 +46,6 @@ class Store(Writer, TraceReads, ExperimentReads, LagReads):
             "traces": traces,
             "spans": spans,
             "experiments": experiments,
+            "sessions": sessions,
             "bytes": used,
         }

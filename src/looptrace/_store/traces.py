@@ -10,6 +10,7 @@ from .. import _semconv as sc
 from .._wire import DecodedSpan
 from .columns import loads
 from .connection import Connections
+from .write import METADATA_LABEL_PREFIX, TAG_LABEL
 
 LAG_SPAN_NAME = "looptrace.loop.lag"
 STATUS_NAMES = {0: "unset", 1: "ok", 2: "error"}
@@ -31,15 +32,36 @@ class TraceReads(Connections):
         min_duration_ns: int | None = None,
         since_ns: int | None = None,
         until_ns: int | None = None,
+        user: str | None = None,
+        session: str | None = None,
+        tags: Sequence[str] = (),
+        metadata: Sequence[tuple[str, str]] = (),
     ) -> list[dict[str, Any]]:
         """Trace summaries, newest first. ``name`` matches a substring of the root's name;
         ``status`` is ``ok`` (no span failed), ``error`` (the root or any span failed) or
         ``in_progress``; ``service`` is the root's service, exactly; ``min_duration_ns`` keeps
         finished traces at least that long; ``since_ns``/``until_ns`` bound the start time.
+        ``user`` and ``session`` are the trace's ``user.id`` and ``session.id`` (its root's,
+        else any span's), exactly; a trace has each of ``tags`` when any of its spans lists
+        it in ``tag.tags``, and each ``(key, value)`` of ``metadata`` when any span's
+        ``metadata`` holds it (a value that is not a string compares as its JSON text).
         The lag monitor's summary traces (``looptrace.loop.lag``) are left out unless
         ``include_lag``: ``lag_summaries`` is their view."""
         where: list[str] = []
         params: list[Any] = []
+        if user is not None:
+            where.append("user_id = ?")
+            params.append(user)
+        if session is not None:
+            where.append("session_id = ?")
+            params.append(session)
+        for key, value in [(TAG_LABEL, t) for t in tags] + [
+            (METADATA_LABEL_PREFIX + k, v) for k, v in metadata
+        ]:
+            where.append(
+                "trace_id IN (SELECT trace_id FROM trace_labels WHERE key = ? AND value = ?)"
+            )
+            params.extend((key, value))
         if service:
             where.append("service_name = ?")
             params.append(service)
@@ -190,14 +212,16 @@ class TraceReads(Connections):
         ``span_id``, ``parent_span_id``, ``name``, ``start_ns``, ``duration_ns``, ``status``,
         ``status_message``, ``lag_max_ms``, ``in_progress``, ``input``/``output`` previews and
         ``events`` (parsed only for the spans that have any), and ``attributes`` for LLM calls
-        only (spans with GenAI attributes; others get an empty dict), ordered by start time.
+        and scores only (spans with GenAI attributes or of type ``score``; others get an empty
+        dict), ordered by start time.
         ``looptrace show`` on 10,000 spans reads this."""
         n = int(preview)
         sql = (
             "SELECT span_id, parent_span_id, name, start_ns, duration_ns, status_code, "
             f"status_message, lag_max_ms, in_progress, substr(input, 1, {n}), "
             f"substr(output, 1, {n}), CASE WHEN events = '[]' THEN NULL ELSE events END, "
-            "CASE WHEN instr(attributes, '\"gen_ai.operation.name\"') > 0 THEN attributes END "
+            "CASE WHEN instr(attributes, '\"gen_ai.operation.name\"') > 0 "
+            "OR span_type = 'score' THEN attributes END "
             "FROM spans WHERE trace_id = ? ORDER BY start_ns, span_id"
         )
         with self._reader() as conn:
@@ -226,14 +250,19 @@ class TraceReads(Connections):
         return rows[0] if rows else None
 
 
-TRACE_SELECT = (
-    "SELECT trace_id, name, root_span_id, service_name, start_ns, end_ns, status_code, "
-    "span_count, error_count, in_progress, experiment_id, bytes FROM traces"
+TRACE_COLUMNS = (
+    "trace_id, name, root_span_id, service_name, start_ns, end_ns, status_code, span_count, "
+    "error_count, in_progress, experiment_id, bytes, session_id, user_id, input_tokens, "
+    "output_tokens, cost_usd, uncosted_calls, score_count"
 )
+TRACE_SELECT = f"SELECT {TRACE_COLUMNS} FROM traces"
 
 
 def trace_dict(row: Sequence[Any]) -> dict[str, Any]:
-    (trace_id, name, root, service, start, end, status, count, errors, in_progress, exp, size) = row
+    (trace_id, name, root, service, start, end, status, count, errors, in_progress, exp, size) = (
+        row[:12]
+    )
+    (session, user, tokens_in, tokens_out, cost, uncosted, scores) = row[12:19]
     return {
         "trace_id": trace_id,
         "name": name,
@@ -251,6 +280,15 @@ def trace_dict(row: Sequence[Any]) -> dict[str, Any]:
         "in_progress": bool(in_progress),
         "experiment_id": exp,
         "bytes": size,
+        "session_id": session,
+        "user_id": user,
+        # Summed over the trace's LLM calls; None when none reported any (never a made-up 0).
+        "input_tokens": tokens_in,
+        "output_tokens": tokens_out,
+        "cost_usd": cost,
+        # LLM calls with tokens but no price (an unknown model): the cost leaves them out.
+        "uncosted_calls": uncosted,
+        "score_count": scores,
     }
 
 

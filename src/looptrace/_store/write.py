@@ -29,15 +29,18 @@ class _Prepared(NamedTuple):
     scores: list[tuple[str, float, str | None]]
     experiment_id: str | None
     case_index: int | None
+    labels: tuple[tuple[str, str], ...]
+    size: int
 
 
 _SPAN_COLUMNS = (
     "trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, duration_ns, status_code, "
     "status_message, attributes, events, links, resource_id, scope_name, scope_version, "
-    "trace_state, input, output, lag_max_ms, in_progress, experiment_id, case_index, size"
+    "trace_state, input, output, lag_max_ms, in_progress, experiment_id, case_index, size, "
+    "session_id, user_id, span_type, input_tokens, output_tokens, cost_usd"
 )
 _UPSERT_SPAN = (
-    f"INSERT INTO spans ({_SPAN_COLUMNS}) VALUES ({', '.join('?' * 24)}) "
+    f"INSERT INTO spans ({_SPAN_COLUMNS}) VALUES ({', '.join('?' * 30)}) "
     "ON CONFLICT (trace_id, span_id) DO UPDATE SET "
     + ", ".join(f"{c} = excluded.{c}" for c in _SPAN_COLUMNS.replace(" ", "").split(",")[2:])
     # An in-progress snapshot must never overwrite the final record of the same span.
@@ -48,9 +51,16 @@ _UPDATE_TRACES = """
 WITH
 touched AS (SELECT value AS trace_id FROM json_each(?)),
 agg AS (
-    SELECT trace_id, count(*) AS n, min(start_ns) AS start_ns, max(end_ns) AS end_ns,
+    SELECT trace_id, count(*) - coalesce(sum(span_type = '{score}'), 0) AS n,
+        min(start_ns) AS start_ns,
+        coalesce(max(CASE WHEN span_type IS NOT '{score}' THEN end_ns END), max(end_ns)) AS end_ns,
         coalesce(sum(status_code = 2), 0) AS errors, max(experiment_id) AS experiment_id,
-        sum(size) AS bytes
+        sum(size) AS bytes, max(session_id) AS any_session, max(user_id) AS any_user,
+        sum(input_tokens) AS input_tokens, sum(output_tokens) AS output_tokens,
+        sum(cost_usd) AS cost_usd,
+        coalesce(sum(cost_usd IS NULL AND coalesce(input_tokens, output_tokens) IS NOT NULL), 0)
+            AS uncosted,
+        coalesce(sum(span_type = '{score}'), 0) AS scores
     FROM spans WHERE trace_id IN (SELECT trace_id FROM touched) GROUP BY trace_id
 ),
 pick AS (
@@ -62,10 +72,13 @@ pick AS (
     FROM agg
 )
 INSERT INTO traces (trace_id, name, root_span_id, service_name, start_ns, end_ns, status_code,
-    span_count, error_count, in_progress, experiment_id, bytes)
+    span_count, error_count, in_progress, experiment_id, bytes, session_id, user_id,
+    input_tokens, output_tokens, cost_usd, uncosted_calls, score_count)
 SELECT pick.trace_id, root.name, root.span_id, json_extract(r.attributes, '$."service.name"'),
     pick.start_ns, pick.end_ns, root.status_code, pick.n, pick.errors, root.in_progress,
-    pick.experiment_id, pick.bytes
+    pick.experiment_id, pick.bytes, coalesce(root.session_id, pick.any_session),
+    coalesce(root.user_id, pick.any_user), pick.input_tokens, pick.output_tokens, pick.cost_usd,
+    pick.uncosted, pick.scores
 FROM pick JOIN spans root ON root.rowid = pick.root_rowid
 LEFT JOIN resources r ON r.id = root.resource_id
 WHERE true
@@ -75,8 +88,11 @@ ON CONFLICT (trace_id) DO UPDATE SET
     end_ns = excluded.end_ns, status_code = excluded.status_code,
     span_count = excluded.span_count, error_count = excluded.error_count,
     in_progress = excluded.in_progress, experiment_id = excluded.experiment_id,
-    bytes = excluded.bytes
-"""
+    bytes = excluded.bytes, session_id = excluded.session_id, user_id = excluded.user_id,
+    input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens,
+    cost_usd = excluded.cost_usd, uncosted_calls = excluded.uncosted_calls,
+    score_count = excluded.score_count
+""".replace("{score}", sc.SPAN_TYPE_SCORE)
 
 
 class Writer(Retention):
@@ -87,7 +103,8 @@ class Writer(Retention):
         from a worker thread, never on an event loop."""
         if not spans:
             return
-        prepared = [_prepare(s) for s in spans]
+        parsed: dict[str, Any] = {}
+        prepared = [_prepare(s, parsed) for s in spans]
         with self._write_lock:
             conn = self._writer_conn()
             conn.execute("BEGIN IMMEDIATE")
@@ -101,7 +118,7 @@ class Writer(Retention):
                 raise
             self.counters.writes += 1
             self.counters.spans_written += len(spans)
-            self.counters.bytes_since_prune += sum(p.params[-1] for p in prepared)
+            self.counters.bytes_since_prune += sum(p.size for p in prepared)
             if self._prune_due():
                 self._prune_locked(conn)
 
@@ -115,6 +132,14 @@ class Writer(Retention):
             )
         conn.executemany(_UPSERT_SPAN, rows)
         self._update_traces(conn, list(dict.fromkeys(p.trace_id for p in prepared)))
+        # Every span inside one looptrace.attributes() block carries the same tags and
+        # metadata: one row per (trace, key, value), however many spans repeat it.
+        labels = {(k, v, p.trace_id) for p in prepared for k, v in p.labels}
+        if labels:
+            conn.executemany(
+                "INSERT OR IGNORE INTO trace_labels (key, value, trace_id) VALUES (?, ?, ?)",
+                sorted(labels),
+            )
         for prep in prepared:
             if prep.experiment is not None:
                 conn.execute(
@@ -162,11 +187,13 @@ class Writer(Retention):
         # Recomputed from the spans of the touched traces (index ranges on the primary key), in
         # one statement per batch, so replacing an in-progress record or receiving a span twice
         # cannot skew the counts. The root is the parentless span that started first (or, while
-        # the root has not arrived, the first span).
+        # the root has not arrived, the first span). A score attached after the fact is a span
+        # of the trace, but neither counted as one nor stretching its end: a thumbs-up ten
+        # minutes later does not make a two-second request last ten minutes.
         conn.execute(_UPDATE_TRACES, (orjson.dumps(trace_ids).decode(),))
 
 
-def _prepare(span: DecodedSpan) -> _Prepared:
+def _prepare(span: DecodedSpan, parsed: dict[str, Any] | None = None) -> _Prepared:
     attributes = dict(span.attributes)
     raw_input = attributes.pop(sc.INPUT_VALUE, None)
     raw_output = attributes.pop(sc.OUTPUT_VALUE, None)
@@ -222,6 +249,16 @@ def _prepare(span: DecodedSpan) -> _Prepared:
     if comments:
         scores = [(name, v, comments.get(name)) for name, v, _ in scores]
     duration = span.end_ns - span.start_ns if not in_progress else None
+    session_id = attributes.get(sc.SESSION_ID)
+    user_id = attributes.get(sc.USER_ID)
+    span_type = attributes.get(sc.SPAN_TYPE)
+    input_tokens = output_tokens = cost = None
+    # An agent's span may repeat the usage of the calls inside it: only the calls are summed.
+    if attributes.get(sc.GEN_AI_OPERATION_NAME) != sc.GEN_AI_OP_INVOKE_AGENT:
+        input_tokens = _count(attributes.get(sc.GEN_AI_USAGE_INPUT_TOKENS))
+        output_tokens = _count(attributes.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS))
+        cost = _amount(attributes.get(sc.LLM_COST_TOTAL))
+    labels = _labels(attributes, {} if parsed is None else parsed)
     params = (
         span.trace_id,
         span.span_id,
@@ -247,10 +284,121 @@ def _prepare(span: DecodedSpan) -> _Prepared:
         experiment_id,
         case_index,
         size,
+        None if session_id is None else str(session_id),
+        None if user_id is None else str(user_id),
+        None if span_type is None else str(span_type),
+        input_tokens,
+        output_tokens,
+        cost,
     )
     return _Prepared(
-        params, span.trace_id, span.span_id, experiment, scores, experiment_id, case_index
+        params,
+        span.trace_id,
+        span.span_id,
+        experiment,
+        scores,
+        experiment_id,
+        case_index,
+        labels,
+        size,
     )
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _amount(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    return None
+
+
+TAG_LABEL = "tag"
+METADATA_LABEL_PREFIX = "metadata."
+
+
+def label_value(value: Any) -> str:
+    """A metadata value as the filter compares it: strings as they are, the rest as JSON."""
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
+
+
+def _labels(attributes: Mapping[str, Any], parsed: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    tags = attributes.get(sc.TAG_TAGS)
+    metadata = attributes.get(sc.METADATA)
+    if tags is None and metadata is None:
+        return ()
+    out: list[tuple[str, str]] = []
+    if isinstance(tags, str):
+        out.append((TAG_LABEL, tags))
+    elif isinstance(tags, (list, tuple)):
+        out.extend((TAG_LABEL, str(t)) for t in tags)
+    if isinstance(metadata, str):
+        # The same JSON text on every span of a block: parsed once per batch.
+        fields = parsed.get(metadata)
+        if fields is None:
+            try:
+                fields = orjson.loads(metadata)
+            except orjson.JSONDecodeError:
+                fields = {}
+            if len(parsed) < 256:
+                parsed[metadata] = fields
+        if isinstance(fields, dict):
+            out.extend((METADATA_LABEL_PREFIX + k, label_value(v)) for k, v in fields.items())
+    return tuple(out)
+
+
+_BACKFILL_SPANS = """
+UPDATE spans SET
+    session_id = json_extract(attributes, '$."session.id"'),
+    user_id = json_extract(attributes, '$."user.id"'),
+    span_type = json_extract(attributes, '$."looptrace.span.type"'),
+    input_tokens = CASE WHEN coalesce(json_extract(attributes, '$."gen_ai.operation.name"'), '')
+        != 'invoke_agent' THEN json_extract(attributes, '$."gen_ai.usage.input_tokens"') END,
+    output_tokens = CASE WHEN coalesce(json_extract(attributes, '$."gen_ai.operation.name"'), '')
+        != 'invoke_agent' THEN json_extract(attributes, '$."gen_ai.usage.output_tokens"') END,
+    cost_usd = CASE WHEN coalesce(json_extract(attributes, '$."gen_ai.operation.name"'), '')
+        != 'invoke_agent' THEN json_extract(attributes, '$."llm.cost.total"') END
+WHERE instr(attributes, '"session.id"') OR instr(attributes, '"user.id"')
+    OR instr(attributes, '"looptrace.span.type"') OR instr(attributes, '"gen_ai.usage.')
+    OR instr(attributes, '"llm.cost.total"')
+"""
+_BACKFILL_TAGS = """
+INSERT OR IGNORE INTO trace_labels (key, value, trace_id)
+SELECT 'tag', CAST(j.value AS TEXT), s.trace_id
+FROM spans s, json_each(json_extract(s.attributes, '$."tag.tags"')) j
+WHERE instr(s.attributes, '"tag.tags"') AND json_valid(s.attributes)
+    AND json_type(s.attributes, '$."tag.tags"') = 'array'
+"""
+_BACKFILL_METADATA = """
+INSERT OR IGNORE INTO trace_labels (key, value, trace_id)
+SELECT 'metadata.' || j.key,
+    CASE j.type WHEN 'text' THEN j.value WHEN 'true' THEN 'true' WHEN 'false' THEN 'false'
+        WHEN 'null' THEN 'null' ELSE CAST(j.value AS TEXT) END,
+    s.trace_id
+FROM spans s, json_each(json_extract(s.attributes, '$.metadata')) j
+WHERE instr(s.attributes, '"metadata"') AND json_type(s.attributes, '$.metadata') = 'text'
+    AND json_valid(json_extract(s.attributes, '$.metadata'))
+    AND json_type(json_extract(s.attributes, '$.metadata')) = 'object'
+"""
+
+
+def backfill_v2(conn: sqlite3.Connection) -> None:
+    """Fill the version-2 columns and labels of spans stored before them (a migration step,
+    run inside its transaction)."""
+    conn.execute(_BACKFILL_SPANS)
+    conn.execute(_BACKFILL_TAGS)
+    conn.execute(_BACKFILL_METADATA)
+    touched = [
+        r[0]
+        for r in conn.execute(
+            "SELECT DISTINCT trace_id FROM spans WHERE session_id IS NOT NULL "
+            "OR user_id IS NOT NULL OR span_type IS NOT NULL OR input_tokens IS NOT NULL "
+            "OR output_tokens IS NOT NULL OR cost_usd IS NOT NULL"
+        )
+    ]
+    for start in range(0, len(touched), 500):
+        conn.execute(_UPDATE_TRACES, (orjson.dumps(touched[start : start + 500]).decode(),))
 
 
 def _json_column(value: Any) -> str | None:
