@@ -116,6 +116,9 @@ def _token_experiment() -> list[DecodedSpan]:
             sc.CASE_INPUT_TOKENS: 10 * (i + 1),
             sc.CASE_OUTPUT_TOKENS: i + 1,
         }
+        if i == 0:
+            # One case priced, the other not (an unknown model): the sum is of what is known.
+            attrs[sc.CASE_COST_USD] = 0.015
         start = _OLD - 9 * ms + i * ms
         out.append(_span(0xE70 + i, 1, None, f"case {i}", start, start + ms, attributes=attrs))
     return out
@@ -148,6 +151,159 @@ def _extra_spans() -> list[DecodedSpan]:
             attributes={sc.OUTPUT_VALUE: '"' + "x" * BIG_OUTPUT_CHARS + '"'},
         ),
     ]
+
+
+# Two conversations of a support bot, as `looptrace.attributes(session_id=..., user_id=...,
+# tags=..., metadata=...)` writes them on every span; each turn's LLM call has tokens and a cost,
+# but for one whose model has no known price; a thumbs-up arrives five minutes after a turn.
+SESSION_A = "chat-7f3a"
+SESSION_B = "chat-91bc"
+SCORED_TRACE = f"{0x5A2:032x}"
+SCORED_SPAN = f"{1:016x}"
+_TURNS = [
+    # (trace, session, user, plan, question, answer, model, tokens in, out, cost or None)
+    (
+        0x5A1,
+        SESSION_A,
+        "ada@example.com",
+        "pro",
+        "My order #1182 has not arrived.",
+        "Sorry about that: order #1182 left our warehouse on Monday; it should arrive tomorrow.",
+        "gpt-4o-mini",
+        412,
+        38,
+        0.000084,
+    ),
+    (
+        0x5A2,
+        SESSION_A,
+        "ada@example.com",
+        "pro",
+        "Can I change the delivery address?",
+        "Yes: until it ships from the local depot. I have updated it to 12 Rue Cler.",
+        "gpt-4o-mini",
+        486,
+        41,
+        0.000096,
+    ),
+    (
+        0x5A3,
+        SESSION_A,
+        "ada@example.com",
+        "pro",
+        "Thanks! And the invoice?",
+        "Sent to ada@example.com a minute ago.",
+        "gpt-4o",
+        530,
+        22,
+        0.00154,
+    ),
+    (
+        0x5B1,
+        SESSION_B,
+        "grace",
+        "free",
+        "How do I reset my password?",
+        "Use 'Forgot password' on the sign-in page; the link is valid for one hour.",
+        "gpt-4o-mini",
+        301,
+        29,
+        0.000062,
+    ),
+    (
+        0x5B2,
+        SESSION_B,
+        "grace",
+        "free",
+        "The link expired.",
+        "I have sent a new one; it is valid until 14:30.",
+        "in-house-llm",
+        355,
+        18,
+        None,
+    ),
+]
+
+
+def _session_spans() -> list[DecodedSpan]:
+    out = []
+    ms = 10**6
+    for k, (trace, session, user, plan, question, answer, model, t_in, t_out, cost) in enumerate(
+        _TURNS
+    ):
+        start = _OLD + 200 * ms + k * 40_000 * ms
+        context = {
+            sc.SESSION_ID: session,
+            sc.USER_ID: user,
+            sc.TAG_TAGS: ["support", "beta"] if session == SESSION_A else ["support"],
+            sc.METADATA: f'{{"plan": "{plan}", "turn": {k}}}',
+        }
+        llm = {
+            **context,
+            sc.GEN_AI_OPERATION_NAME: "chat",
+            sc.GEN_AI_PROVIDER_NAME: "openai",
+            sc.GEN_AI_REQUEST_MODEL: model,
+            sc.GEN_AI_USAGE_INPUT_TOKENS: t_in,
+            sc.GEN_AI_USAGE_OUTPUT_TOKENS: t_out,
+        }
+        if cost is not None:
+            llm |= {
+                sc.LLM_COST_PROMPT: cost * 0.8,
+                sc.LLM_COST_COMPLETION: cost * 0.2,
+                sc.LLM_COST_TOTAL: cost,
+            }
+        root = {
+            **context,
+            sc.INPUT_VALUE: f'{{"message": "{question}"}}',
+            sc.OUTPUT_VALUE: f'"{answer}"',
+        }
+        resource = {"service.name": "support-bot"}
+        out += [
+            decoded_span(
+                trace,
+                1,
+                None,
+                "answer",
+                start,
+                start + 1400 * ms,
+                attributes=root,
+                resource=resource,
+            ),
+            decoded_span(
+                trace,
+                2,
+                1,
+                f"chat {model}",
+                start + 100 * ms,
+                start + 1300 * ms,
+                attributes=llm,
+                resource=resource,
+            ),
+        ]
+    # Feedback after the fact: a score span parented to the second turn's root.
+    later = _OLD + 200 * ms + 40_000 * ms + 300_000 * ms
+    score = {
+        sc.SESSION_ID: SESSION_A,
+        sc.SPAN_TYPE: sc.SPAN_TYPE_SCORE,
+        sc.OPENINFERENCE_SPAN_KIND: "EVALUATOR",
+        sc.GEN_AI_EVALUATION_NAME: "helpful",
+        sc.GEN_AI_EVALUATION_SCORE_VALUE: 1.0,
+        sc.GEN_AI_EVALUATION_SCORE_LABEL: "thumbs up",
+        sc.GEN_AI_EVALUATION_EXPLANATION: "fixed my address",
+    }
+    out.append(
+        decoded_span(
+            0x5A2,
+            9,
+            1,
+            "gen_ai.evaluation.result",
+            later,
+            later,
+            attributes=score,
+            resource={"service.name": "support-bot"},
+        )
+    )
+    return out
 
 
 BIG_TRACE = f"{0xA9:032x}"
@@ -204,6 +360,7 @@ def store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with Store(path) as store:
         store.write(_extra_spans())
         store.write(_big_trace())
+        store.write(_session_spans())
     return path
 
 
@@ -591,6 +748,8 @@ def test_pages_carry_a_strict_content_security_policy(base_url: str) -> None:
         for path in (
             "/",
             "/traces/abc",
+            "/sessions",
+            "/sessions/chat%2F1",
             "/experiments",
             "/experiments/x",
             "/compare",
@@ -939,3 +1098,157 @@ def test_a_bytes_output_says_it_is_base64(browser: Any, tmp_path: Path) -> None:
             assert hint.inner_text() == "bytes, shown as base64: 300 bytes"
         finally:
             context.close()
+
+
+# --------------------------------------------------------------------------------------------
+# sessions, the filters by user, tag and metadata, cost, and scores attached after the fact
+
+
+def _ids(page: Any, selector: str, attribute: str) -> list[str]:
+    return [r.get_attribute(attribute) for r in page.locator(selector).all()]
+
+
+@browser_test
+@needs_chromium
+def test_sessions_list_their_traces_users_tokens_and_cost(
+    page: Any, store: Store, tmp_path: Path
+) -> None:
+    """/sessions lists each session (most recently active first) with its trace count, users,
+    tokens and cost; a cost left out for an unknown model is marked with a "+" and said on
+    hover. A session opens on its traces in conversation order, with each turn's input,
+    output, tokens and cost."""
+    expected = store.list_sessions()
+    assert [s["session_id"] for s in expected] == [SESSION_B, SESSION_A]
+    _open(page, "/sessions")
+    assert page.locator("[data-nav='sessions']").get_attribute("class") == "active"
+    assert _ids(page, "table.sessions tbody tr", "data-session-id") == [SESSION_B, SESSION_A]
+    a = page.locator(f"tr[data-session-id='{SESSION_A}'] td")
+    assert a.nth(1).inner_text() == "3"
+    assert a.nth(2).inner_text() == "ada@example.com"
+    assert a.nth(5).inner_text() == "1428 / 101"
+    assert a.nth(6).inner_text() == "$0.0017"
+    assert "My order #1182" in a.nth(9).inner_text()
+    b = page.locator(f"tr[data-session-id='{SESSION_B}'] td.cost")
+    assert b.inner_text() == "$0.000062+"
+    assert "1 LLM call of unknown price" in (b.get_attribute("title") or "")
+    _shot(page, "sessions", tmp_path)
+
+    page.click(f"tr[data-session-id='{SESSION_A}'] a")
+    page.wait_for_url(f"**/sessions/{SESSION_A}")
+    page.wait_for_selector("body[data-ready='1']")
+    session = store.get_session(SESSION_A)
+    assert session is not None
+    turns = [t["trace_id"] for t in session["traces"]]
+    assert turns == [f"{t:032x}" for t in (0x5A1, 0x5A2, 0x5A3)]
+    assert _ids(page, "table.session-traces tbody tr", "data-trace-id") == turns
+    first = page.locator("table.session-traces tbody tr").nth(0).inner_text()
+    assert "My order #1182 has not arrived." in first
+    assert "left our warehouse on Monday" in first
+    assert "412 / 38" in first
+    assert "$0.000084" in first
+    assert page.locator(".card[data-cost] .v").inner_text() == "$0.0017"
+    assert page.locator(".card[data-tokens] .v").inner_text() == "1428 in · 101 out"
+    assert "1 score" in page.locator("table.session-traces tbody tr").nth(1).inner_text()
+    _shot(page, "session", tmp_path)
+
+
+@browser_test
+@needs_chromium
+def test_the_trace_list_filters_by_user_session_tag_and_metadata(page: Any, store: Store) -> None:
+    """User, session, tag and metadata (key=value) narrow the list through the address, each
+    filter combinable with the others and a tag or metadata filter repeatable; the list agrees
+    with the store."""
+    _open(page, "/")
+    page.fill("form.filters input[name=user]", "grace")
+    page.click("form.filters button[type=submit]")
+    page.wait_for_url(re.compile(r"user=grace"))
+    page.wait_for_selector("body[data-ready='1']")
+    grace = [t["trace_id"] for t in store.list_traces(user="grace")]
+    assert grace == [f"{0x5B2:032x}", f"{0x5B1:032x}"]
+    assert _ids(page, "table.traces tbody tr", "data-trace-id") == grace
+    assert page.locator("form.filters input[name=user]").input_value() == "grace"
+
+    _open(page, f"/?session={SESSION_A}")
+    session_a = [f"{t:032x}" for t in (0x5A3, 0x5A2, 0x5A1)]
+    assert _ids(page, "table.traces tbody tr", "data-trace-id") == session_a
+    row = page.locator(f"tr[data-trace-id='{SCORED_TRACE}']")
+    assert row.locator("td.scores").inner_text() == "1"
+    assert row.locator("td.cost").inner_text() == "$0.000096"
+    assert row.locator("td.tokens").inner_text() == "486 / 41"
+    assert row.locator("td.session a").get_attribute("href") == f"/sessions/{SESSION_A}"
+
+    _open(page, "/?tag=support&tag=beta")
+    assert _ids(page, "table.traces tbody tr", "data-trace-id") == session_a
+    assert page.locator("form.filters input[name=tag]").count() == 3  # two, and one to add
+
+    _open(page, "/")
+    page.fill("form.filters input[name=meta]", "plan=free")
+    page.click("form.filters button[type=submit]")
+    page.wait_for_url(re.compile(r"meta=plan%3Dfree"))
+    page.wait_for_selector("body[data-ready='1']")
+    assert _ids(page, "table.traces tbody tr", "data-trace-id") == grace
+    _open(page, "/?meta=turn%3D0&tag=support")
+    assert _ids(page, "table.traces tbody tr", "data-trace-id") == [f"{0x5A1:032x}"]
+    _open(page, "/?user=grace&tag=beta")
+    assert page.locator("table.traces").count() == 0
+    assert "No more traces" not in page.locator("main").inner_text()
+
+
+@browser_test
+@needs_chromium
+def test_a_score_attached_later_shows_on_its_span_not_as_a_row(page: Any, store: Store) -> None:
+    """A score span (looptrace.span.type "score") parented to a span is a badge on that span's
+    row and a row of the span's Scores table (name, value, label, comment); it is not a row of
+    the waterfall and does not stretch the trace's time axis; a link to the score's own span
+    selects the span it scores."""
+    trace = store.get_trace_summary(SCORED_TRACE)
+    assert trace is not None
+    assert trace["score_count"] == 1 and trace["span_count"] == 2
+    assert trace["duration_ns"] == 1400 * 10**6  # not stretched to the score, 5 minutes later
+    _open(page, f"/traces/{SCORED_TRACE}#span={9:016x}")
+    assert page.locator(".wf-row").count() == 2
+    root = page.locator(f".wf-row[data-span-id='{SCORED_SPAN}']")
+    badge = root.locator(".score-badge")
+    assert badge.inner_text() == "helpful: 1 (thumbs up)"
+    assert badge.get_attribute("title") == "fixed my address"
+    assert page.locator(".wf-row.selected").get_attribute("data-span-id") == SCORED_SPAN
+    row = page.locator("#span-panel table.scores tr[data-score-name='helpful']")
+    row.wait_for()
+    cells = row.locator("td")
+    assert [cells.nth(i).inner_text() for i in range(3)] == ["helpful", "1", "thumbs up"]
+    assert "fixed my address" in cells.nth(3).inner_text()
+    bar = root.locator(".bar").evaluate("e => parseFloat(e.style.width)")
+    assert bar == pytest.approx(100, abs=0.01)  # the axis ends with the trace, not the score
+
+
+@browser_test
+@needs_chromium
+def test_cost_shows_beside_tokens_on_a_trace_its_llm_span_and_an_experiment(
+    page: Any, store: Store
+) -> None:
+    """A trace's head shows its tokens and cost; its LLM span shows the cost with the prompt
+    and completion parts; an experiment sums the cost of the cases that have one (a card
+    saying how many were priced) and an unpriced case's cost stays blank, never $0."""
+    _open(page, f"/traces/{0x5A3:032x}#span={2:016x}")
+    assert page.locator("#trace-tokens").inner_text() == "530 in · 22 out tokens"
+    assert page.locator("#trace-cost").inner_text() == "$0.0015"
+    facts = page.locator("#span-panel dl.kv").nth(1)
+    facts.wait_for()
+    assert "$0.0015 (prompt $0.0012 · completion $0.00031)" in facts.inner_text()
+
+    _open(page, f"/traces/{0x5B2:032x}")
+    assert page.locator("#trace-cost").count() == 0  # unknown model: no cost, not $0
+    assert page.locator("#trace-tokens").inner_text() == "355 in · 18 out tokens"
+
+    full = store.get_experiment(TOKENS_EXPERIMENT)
+    assert full is not None
+    assert (full["cost_usd"], full["costed_cases"]) == (0.015, 1)
+    _open(page, f"/experiments/{TOKENS_EXPERIMENT}")
+    card = page.locator(".card[data-cost]")
+    assert card.locator(".v").inner_text() == "$0.0150"
+    assert "1 of 2 cases priced" in card.inner_text()
+    costs = page.locator("table.cases tbody td.cost")
+    assert [costs.nth(i).inner_text() for i in range(2)] == ["$0.0150", ""]
+    _open(page, "/experiments")
+    row = page.locator(f"tr[data-experiment-id='{TOKENS_EXPERIMENT}'] td.cost")
+    assert row.inner_text() == "$0.0150"

@@ -95,9 +95,56 @@ async def _api_traces(request: Request) -> Response:
             min_duration_ns=None if min_ms is None else int(min_ms * 1e6),
             since_ns=None if since < 0 else since,
             until_ns=None if until < 0 else until,
+            user=request.query_params.get("user") or None,
+            session=request.query_params.get("session") or None,
+            tags=[t for t in request.query_params.getlist("tag") if t],
+            metadata=_meta_params(request),
         )
     )
     return JSONResponse({"traces": traces, "limit": limit, "offset": offset})
+
+
+def _meta_params(request: Request) -> list[tuple[str, str]]:
+    # ``meta=key=value``, repeatable: the first "=" splits, so a value may hold more of them.
+    out = []
+    for raw in request.query_params.getlist("meta"):
+        if not raw:
+            continue
+        key, sep, value = raw.partition("=")
+        if not sep or not key:
+            raise _BadRequest(f"meta must be key=value, got {raw!r}")
+        out.append((key, value))
+    return out
+
+
+async def _api_sessions(request: Request) -> Response:
+    store: Store = request.app.state.store
+    limit = _int_param(request, "limit", 50, 1, 1000)
+    offset = _int_param(request, "offset", 0, 0, 10**9)
+    preview = _int_param(request, "preview", 200, 0, 10**6)
+    seconds_back = _float_param(request, "range")
+    sessions = await _in_thread(
+        functools.partial(
+            store.list_sessions,
+            limit,
+            offset,
+            user=request.query_params.get("user") or None,
+            since_ns=None if seconds_back is None else time.time_ns() - int(seconds_back * 1e9),
+            preview=preview,
+        )
+    )
+    return JSONResponse({"sessions": sessions, "limit": limit, "offset": offset})
+
+
+async def _api_session(request: Request) -> Response:
+    store: Store = request.app.state.store
+    session_id = request.path_params["session_id"]
+    preview = _int_param(request, "preview", 200, 0, 10**6)
+    limit = _int_param(request, "limit", 1000, 1, 10_000)
+    session = await _in_thread(store.get_session, session_id, preview, limit)
+    if session is None:
+        return _api_error(404, f"no session {session_id}")
+    return JSONResponse(session)
 
 
 def _float_param(request: Request, name: str) -> float | None:
@@ -202,6 +249,9 @@ def api_routes() -> list[BaseRoute]:
         Route("/api/traces/{trace_id}", _api(_api_trace), methods=["GET"]),
         Route("/api/traces/{trace_id}/spans/{span_id}", _api(_api_span), methods=["GET"]),
         Route("/api/services", _api(_api_services), methods=["GET"]),
+        Route("/api/sessions", _api(_api_sessions), methods=["GET"]),
+        # A session id is the application's own string and may hold a "/".
+        Route("/api/sessions/{session_id:path}", _api(_api_session), methods=["GET"]),
         Route("/api/experiments", _api(_api_experiments), methods=["GET"]),
         Route("/api/experiments/{experiment_id}", _api(_api_experiment), methods=["GET"]),
         Route("/api/lag", _api(_api_lag), methods=["GET"]),

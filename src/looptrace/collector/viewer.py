@@ -8,6 +8,8 @@ this process, so the viewer works offline and a span named ``<script>`` stays te
 
     /                       recent traces (filters and paging in the query string)
     /traces/{trace_id}      one trace: waterfall and span details (``#span=<id>`` selects)
+    /sessions               sessions (``session.id``): traces, users, tokens and cost each
+    /sessions/{session_id}  one session's traces in conversation order
     /experiments            experiments with case, error and score summaries
     /experiments/{id}       one experiment's cases
     /compare?a=<id>&b=<id>  two experiments side by side
@@ -51,6 +53,8 @@ PAGE_PATHS = (
     "/",
     "/traces",
     "/traces/{trace_id}",
+    "/sessions",
+    "/sessions/{session_id:path}",
     "/experiments",
     "/experiments/{experiment_id}",
     "/compare",

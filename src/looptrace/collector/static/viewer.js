@@ -85,6 +85,35 @@ function fmtNumber(x, digits = 3) {
   return x.toFixed(digits);
 }
 
+// USD: blank when unknown (never $0 for "no price"); a "+" when some LLM calls had no price.
+function fmtCost(usd, uncosted = 0) {
+  if (usd === null || usd === undefined) return "";
+  // Cents past a dollar, four decimals past a cent, two significant digits below that.
+  const text = usd === 0 ? "$0" : usd >= 1 ? `$${usd.toFixed(2)}` : usd >= 0.01 ? `$${usd.toFixed(4)}`
+    : usd < 1e-8 ? "<$0.00000001" : `$${usd.toFixed(1 - Math.floor(Math.log10(usd)))}`;
+  return uncosted ? `${text}+` : text;
+}
+
+function costTitle(usd, uncosted = 0) {
+  const parts = [];
+  if (usd !== null && usd !== undefined) parts.push(`${usd} USD`);
+  if (uncosted) parts.push(`${uncosted} LLM call${uncosted === 1 ? "" : "s"} of unknown price not included`);
+  return parts.join("; ");
+}
+
+function costCell(usd, uncosted = 0) {
+  return el("td", { className: "num cost", title: costTitle(usd, uncosted) }, fmtCost(usd, uncosted));
+}
+
+function fmtTokens(tokensIn, tokensOut) {
+  if ((tokensIn ?? null) === null && (tokensOut ?? null) === null) return "";
+  return `${tokensIn ?? 0} / ${tokensOut ?? 0}`;
+}
+
+function hasLLM(rows) {
+  return rows.some((r) => r.input_tokens != null || r.output_tokens != null || r.cost_usd != null || r.uncosted_calls);
+}
+
 function badge(status) {
   const label = status === "in_progress" ? "in progress" : status;
   return el("span", { className: `badge ${status}` }, label);
@@ -132,7 +161,9 @@ function link(href, text) {
 // ---------------------------------------------------------------------------------------------
 // Traces: the list
 
-const TRACE_FILTERS = ["name", "service", "status", "min_duration_ms", "range", "experiment"];
+const TRACE_FILTERS = ["name", "service", "status", "min_duration_ms", "range", "experiment", "user", "session"];
+// Filters that may be given more than once (every one must match).
+const MULTI_FILTERS = ["tag", "meta"];
 const TIME_RANGES = [["900", "last 15 minutes"], ["3600", "last hour"], ["86400", "last 24 hours"], ["604800", "last 7 days"]];
 
 async function tracesPage() {
@@ -140,6 +171,7 @@ async function tracesPage() {
   const offset = Math.max(0, parseInt(q.get("offset") || "0", 10) || 0);
   const params = new URLSearchParams({ limit: String(PAGE_SIZE + 1), offset: String(offset) });
   for (const key of TRACE_FILTERS) if (q.get(key)) params.set(key, q.get(key));
+  for (const key of MULTI_FILTERS) for (const v of q.getAll(key)) if (v) params.append(key, v);
   const [data, services] = await Promise.all([api(`/api/traces?${params}`), api("/api/services")]);
   const traces = data.traces.slice(0, PAGE_SIZE);
   const more = data.traces.length > PAGE_SIZE;
@@ -156,8 +188,17 @@ async function tracesPage() {
       className: "narrow", value: q.get("min_duration_ms") || "" }),
     select("range", TIME_RANGES, "any time"),
     el("input", { name: "experiment", placeholder: "experiment id", value: q.get("experiment") || "" }),
+    el("input", { name: "user", placeholder: "user id", className: "mid", value: q.get("user") || "" }),
+    el("input", { name: "session", placeholder: "session id", className: "mid", value: q.get("session") || "" }),
+    multiInputs(q, "tag", "tag"),
+    multiInputs(q, "meta", "metadata key=value"),
     el("button", { type: "submit" }, "Filter"),
-    TRACE_FILTERS.some((k) => q.get(k)) ? link("/", "clear") : null);
+    [...TRACE_FILTERS, ...MULTI_FILTERS].some((k) => q.get(k)) ? link("/", "clear") : null);
+
+  // Columns for what a page's traces carry: LLM tokens and cost, scores, sessions and users.
+  const llm = hasLLM(traces);
+  const scored = traces.some((t) => t.score_count);
+  const people = traces.some((t) => t.session_id || t.user_id);
 
   const rows = traces.map((t) => el("tr", { "data-trace-id": t.trace_id },
     el("td", {}, link(`/traces/${encodeURIComponent(t.trace_id)}`, t.name)),
@@ -166,11 +207,18 @@ async function tracesPage() {
     el("td", {}, badge(t.error_count > 0 && t.status !== "error" && t.status !== "in_progress" ? "error" : t.status)),
     el("td", { className: "num" }, String(t.span_count)),
     el("td", { className: "num" }, t.error_count ? String(t.error_count) : ""),
+    llm ? el("td", { className: "num tokens" }, fmtTokens(t.input_tokens, t.output_tokens)) : null,
+    llm ? costCell(t.cost_usd, t.uncosted_calls) : null,
+    scored ? el("td", { className: "num scores" }, t.score_count ? String(t.score_count) : "") : null,
+    people ? el("td", { className: "session" }, t.session_id ? link(`/sessions/${encodeURIComponent(t.session_id)}`, clipText(t.session_id, 14)) : "") : null,
+    people ? el("td", { className: "user" }, t.user_id ? link(`/?user=${encodeURIComponent(t.user_id)}`, clipText(t.user_id, 14)) : "") : null,
     el("td", {}, t.experiment_id ? link(`/experiments/${encodeURIComponent(t.experiment_id)}`, t.experiment_id.slice(0, 8)) : ""),
     el("td", { className: "muted" }, t.service_name || "")));
+  const heads = [["Name"], ["Start"], ["Duration", "num"], ["Status"], ["Spans", "num"], ["Errors", "num"],
+    llm && ["Tokens in / out", "num"], llm && ["Cost", "num"], scored && ["Scores", "num"],
+    people && ["Session"], people && ["User"], ["Experiment"], ["Service"]].filter(Boolean);
   const table = el("table", { className: "grid traces" },
-    el("thead", {}, el("tr", {}, ["Name", "Start", "Duration", "Status", "Spans", "Errors", "Experiment", "Service"]
-      .map((h, i) => el("th", { className: i === 2 || i === 4 || i === 5 ? "num" : "" }, h)))),
+    el("thead", {}, el("tr", {}, heads.map(([h, cls]) => el("th", { className: cls || "" }, h)))),
     el("tbody", {}, rows));
 
   const page = (o) => { const p = query(); p.set("offset", String(o)); return `/?${p}`; };
@@ -182,6 +230,97 @@ async function tracesPage() {
   show(el("h1", {}, "Traces"), form,
     traces.length ? table : el("p", { className: "muted" }, offset ? "No more traces." : "No traces yet: run your program (or `looptrace demo`) with this store."),
     pager);
+}
+
+// One text input per value already in the address (every one must match), and an empty one to
+// add another.
+function multiInputs(q, name, placeholder) {
+  const values = q.getAll(name).filter(Boolean);
+  return [...values, ""].map((v) => el("input", { name, placeholder, className: "mid", value: v }));
+}
+
+function clipText(text, n) {
+  return text.length > n ? `${text.slice(0, n - 1)}…` : text;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sessions: the list, and one session's traces in conversation order
+
+async function sessionsPage() {
+  const q = query();
+  const offset = Math.max(0, parseInt(q.get("offset") || "0", 10) || 0);
+  const params = new URLSearchParams({ limit: String(PAGE_SIZE + 1), offset: String(offset) });
+  for (const key of ["user", "range"]) if (q.get(key)) params.set(key, q.get(key));
+  const data = await api(`/api/sessions?${params}`);
+  const sessions = data.sessions.slice(0, PAGE_SIZE);
+  const more = data.sessions.length > PAGE_SIZE;
+  const form = el("form", { className: "filters", method: "get", action: "/sessions" },
+    el("input", { name: "user", placeholder: "user id", value: q.get("user") || "" }),
+    el("select", { name: "range" }, el("option", { value: "" }, "any time"),
+      TIME_RANGES.map(([value, text]) => el("option", { value, selected: q.get("range") === value }, text))),
+    el("button", { type: "submit" }, "Filter"),
+    q.get("user") || q.get("range") ? link("/sessions", "clear") : null);
+  const rows = sessions.map((s) => el("tr", { "data-session-id": s.session_id },
+    el("td", {}, link(`/sessions/${encodeURIComponent(s.session_id)}`, s.session_id)),
+    el("td", { className: "num" }, String(s.trace_count)),
+    el("td", { className: "users" }, usersText(s)),
+    el("td", { className: "mono" }, fmtTime(s.first_start_ns)),
+    el("td", { className: "mono" }, fmtTime(s.last_ns)),
+    el("td", { className: "num tokens" }, fmtTokens(s.input_tokens, s.output_tokens)),
+    costCell(s.cost_usd, s.uncosted_calls),
+    el("td", { className: "num" }, s.score_count ? String(s.score_count) : ""),
+    el("td", { className: `num${s.error_count ? " worse" : ""}` }, s.error_count ? String(s.error_count) : ""),
+    payloadCell(s.first_input)));
+  const page = (o) => { const p = query(); p.set("offset", String(o)); return `/sessions?${p}`; };
+  show(el("h1", {}, "Sessions"), form,
+    sessions.length
+      ? el("table", { className: "grid sessions" },
+        el("thead", {}, el("tr", {}, el("th", {}, "Session"), el("th", { className: "num" }, "Traces"), el("th", {}, "Users"),
+          el("th", {}, "First"), el("th", {}, "Last"), el("th", { className: "num" }, "Tokens in / out"), el("th", { className: "num" }, "Cost"),
+          el("th", { className: "num" }, "Scores"), el("th", { className: "num" }, "Failed"), el("th", {}, "First input"))),
+        el("tbody", {}, rows))
+      : el("p", { className: "muted" }, offset ? "No more sessions." : "No sessions yet: traces join a session through `session.id`, which `looptrace.attributes(session_id=...)` sets on every span."),
+    el("div", { className: "pager" },
+      el("a", { href: page(Math.max(0, offset - PAGE_SIZE)), className: offset ? "" : "disabled" }, "← newer"),
+      el("span", { className: "muted" }, sessions.length ? `${offset + 1}–${offset + sessions.length}` : ""),
+      el("a", { href: page(offset + PAGE_SIZE), className: more ? "" : "disabled" }, "older →")));
+}
+
+function usersText(s) {
+  const shown = s.user_ids.slice(0, 3).map((u, i) => [i ? ", " : "", link(`/?user=${encodeURIComponent(u)}`, u)]);
+  return [shown, s.user_count > 3 ? el("span", { className: "muted" }, ` +${s.user_count - 3}`) : null];
+}
+
+async function sessionPage(sessionId) {
+  const s = await api(`/api/sessions/${encodeURIComponent(sessionId)}?preview=2000`);
+  const card = (k, v, attrs = {}) => el("div", { className: "card", ...attrs }, el("div", { className: "k" }, k), el("div", { className: "v" }, v));
+  const multiUser = s.user_count > 1;
+  const turns = s.traces.map((t, i) => el("tr", { "data-trace-id": t.trace_id },
+    el("td", { className: "num" }, String(i + 1)),
+    el("td", {}, link(`/traces/${encodeURIComponent(t.trace_id)}`, t.name),
+      el("div", { className: "mono muted" }, fmtTime(t.start_ns)),
+      multiUser && t.user_id ? el("div", { className: "muted" }, `user ${t.user_id}`) : null),
+    payloadCell(t.input), payloadCell(t.output),
+    el("td", { className: "num tokens" }, fmtTokens(t.input_tokens, t.output_tokens)),
+    costCell(t.cost_usd, t.uncosted_calls),
+    el("td", { className: "num" }, t.in_progress ? "running" : fmtDuration(t.duration_ns)),
+    el("td", {}, badge(t.error_count > 0 && t.status === "ok" ? "error" : t.status),
+      t.score_count ? el("span", { className: "score-badge", title: "scores attached to this trace's spans" }, `${t.score_count} score${t.score_count === 1 ? "" : "s"}`) : null)));
+  show(
+    el("div", { className: "trace-head" }, el("h1", {}, s.session_id),
+      el("span", { className: "muted" }, `${fmtTime(s.first_start_ns)} → ${fmtTime(s.last_ns)}`),
+      link(`/?session=${encodeURIComponent(s.session_id)}`, "in the trace list")),
+    el("div", { className: "cards" },
+      card("traces", String(s.trace_count)),
+      card(s.user_count === 1 ? "user" : "users", s.user_count ? usersText(s) : "—", { "data-users": "" }),
+      card("LLM tokens", s.input_tokens != null || s.output_tokens != null ? `${s.input_tokens ?? 0} in · ${s.output_tokens ?? 0} out` : "—", { "data-tokens": "" }),
+      card("cost", fmtCost(s.cost_usd, s.uncosted_calls) || "—", { "data-cost": "", title: costTitle(s.cost_usd, s.uncosted_calls) }),
+      card("first to last", fmtDuration(s.last_ns - s.first_start_ns))),
+    el("table", { className: "grid session-traces" },
+      el("thead", {}, el("tr", {}, el("th", { className: "num" }, "#"), el("th", {}, "Trace"), el("th", {}, "Input"), el("th", {}, "Output"),
+        el("th", { className: "num" }, "Tokens in / out"), el("th", { className: "num" }, "Cost"), el("th", { className: "num" }, "Duration"), el("th", {}, "Status"))),
+      el("tbody", {}, turns)),
+    s.truncated ? el("p", { className: "truncated" }, `Showing the first ${s.traces.length.toLocaleString()} of ${s.trace_count.toLocaleString()} traces.`) : null);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -233,10 +372,63 @@ function timeAxis(t0, total) {
   return el("div", { className: "wf-axis" }, el("div", { className: "label muted" }, ""), ticks);
 }
 
+// A score attached after the fact is a span of its own (looptrace.span.type "score") parented to
+// the span it scores, with the GenAI evaluation attributes.
+function isScore(span) {
+  return span.attributes?.["looptrace.span.type"] === "score";
+}
+
+function scoreOf(span) {
+  const a = span.attributes || {};
+  return {
+    name: a["gen_ai.evaluation.name"] ?? span.name,
+    value: a["gen_ai.evaluation.score.value"],
+    label: a["gen_ai.evaluation.score.label"],
+    comment: a["gen_ai.evaluation.explanation"],
+    time: span.start_ns,
+    span_id: span.span_id,
+  };
+}
+
+function fmtScore(value) {
+  if (typeof value !== "number") return value === undefined || value === null ? "" : String(value);
+  return Number.isInteger(value) ? String(value) : String(Number(value.toPrecision(3)));
+}
+
+function scoreText(sc) {
+  const value = fmtScore(sc.value);
+  if (value && sc.label !== undefined && sc.label !== null) return `${sc.name}: ${value} (${sc.label})`;
+  return `${sc.name}: ${value || sc.label || "—"}`;
+}
+
+function scoreBadges(scores) {
+  return (scores || []).map((sc) => el("span", { className: "score-badge", title: sc.comment || "", "data-score-name": sc.name }, scoreText(sc)));
+}
+
+function scoresTable(scores) {
+  return el("table", { className: "grid attributes scores" }, el("tbody", {}, scores.map((sc) => el("tr", { "data-score-name": sc.name },
+    el("td", { className: "mono" }, sc.name),
+    el("td", { className: "num" }, fmtScore(sc.value)),
+    el("td", {}, sc.label ?? ""),
+    el("td", {}, sc.comment ?? "", el("div", { className: "muted" }, fmtTime(sc.time)))))));
+}
+
 async function tracePage(traceId) {
   const data = await api(`/api/traces/${encodeURIComponent(traceId)}`);
   const trace = data.trace;
-  const spans = data.spans;
+  // Scores are shown on the span they score, not as rows: one sent minutes later would stretch
+  // the time axis. A score whose span is not here is shown above the waterfall.
+  const spans = [];
+  const scoreSpans = [];
+  for (const s of data.spans) (isScore(s) ? scoreSpans : spans).push(s);
+  const present = new Set(spans.map((s) => s.span_id));
+  const scoresOf = new Map();
+  const orphanScores = [];
+  for (const s of scoreSpans) {
+    if (!present.has(s.parent_span_id)) { orphanScores.push(scoreOf(s)); continue; }
+    if (!scoresOf.has(s.parent_span_id)) scoresOf.set(s.parent_span_id, []);
+    scoresOf.get(s.parent_span_id).push(scoreOf(s));
+  }
   const ordered = spanTree(spans);
   // Loops, not Math.min(...spans): a spread of 100,000 arguments overflows the stack.
   let t0 = Infinity;
@@ -263,6 +455,8 @@ async function tracePage(traceId) {
   }
   while (open.length) end[open.pop()] = n;
   const indexOf = new Map(ordered.map((o, i) => [o.span.span_id, i]));
+  // A link to a score's own span selects the span it scores.
+  for (const s of scoreSpans) if (indexOf.has(s.parent_span_id)) indexOf.set(s.span_id, indexOf.get(s.parent_span_id));
   // A large trace opens with only its roots' children shown; rows are built when first shown,
   // so a 10,000-span trace draws the few dozen rows it opens with, not all of them.
   const folded = new Uint8Array(n);
@@ -284,6 +478,7 @@ async function tracePage(traceId) {
     const label = el("div", { className: "label", title: span.name }, toggle,
       el("span", { className: "name" }, span.name),
       el("span", { className: "dur" }, running ? "running" : fmtDuration(span.end_ns - span.start_ns)),
+      scoreBadges(scoresOf.get(span.span_id)),
       lagged ? el("span", { className: "lag-mark", title: "the event loop was blocked while this span ran" }, `⚠ lag ${lag.toFixed(1)} ms`) : null);
     label.style.paddingLeft = `${4 + depth * 14}px`;
     const bar = el("div", { className: `bar${running ? " open" : ""}${lagged ? " lagged" : ""}` });
@@ -491,7 +686,7 @@ async function tracePage(traceId) {
         return;
       }
     }
-    if (selected === id) panel.replaceChildren(...spanDetails(span, t0));
+    if (selected === id) panel.replaceChildren(...spanDetails(span, t0, scoresOf.get(id)));
   };
   window.addEventListener("hashchange", select);
 
@@ -500,8 +695,17 @@ async function tracePage(traceId) {
       el("h1", {}, trace.name),
       badge(trace.status),
       el("span", { className: "muted" }, `${fmtTime(trace.start_ns)} · ${trace.in_progress ? "running" : fmtDuration(trace.duration_ns)} · ${trace.span_count} spans`),
+      trace.input_tokens != null || trace.output_tokens != null
+        ? el("span", { className: "muted", id: "trace-tokens" }, `${trace.input_tokens ?? 0} in · ${trace.output_tokens ?? 0} out tokens`) : null,
+      fmtCost(trace.cost_usd, trace.uncosted_calls)
+        ? el("span", { className: "cost", id: "trace-cost", title: costTitle(trace.cost_usd, trace.uncosted_calls) }, fmtCost(trace.cost_usd, trace.uncosted_calls)) : null,
+      trace.session_id ? el("span", {}, "session ", link(`/sessions/${encodeURIComponent(trace.session_id)}`, trace.session_id)) : null,
+      trace.user_id ? el("span", {}, "user ", link(`/?user=${encodeURIComponent(trace.user_id)}`, trace.user_id)) : null,
       trace.experiment_id ? link(`/experiments/${encodeURIComponent(trace.experiment_id)}`, "experiment") : null,
       el("span", { className: "mono muted" }, trace.trace_id)),
+    orphanScores.length
+      ? el("div", { className: "orphan-scores", id: "orphan-scores" }, el("span", { className: "muted" }, "Scores on spans not in this trace: "), scoreBadges(orphanScores))
+      : null,
     data.truncated
       ? el("p", { className: "truncated", id: "truncated" },
         `Showing the first ${spans.length.toLocaleString()} of ${trace.span_count.toLocaleString()} spans (by start time): the collector returns at most that many per trace.`)
@@ -557,6 +761,7 @@ function llmDetails(span) {
     ["model", `${a["gen_ai.provider.name"] || ""} ${model}`.trim()],
     ["operation", a["gen_ai.operation.name"]],
     ...(tokensIn !== undefined || tokensOut !== undefined ? [["tokens", `${tokensIn ?? "?"} in · ${tokensOut ?? "?"} out`]] : []),
+    ...(typeof a["llm.cost.total"] === "number" ? [["cost", costFact(a)]] : []),
     ...(typeof first === "number" ? [["first chunk", `${first.toFixed(1)} ms`]] : []),
     ...(Array.isArray(reasons) && reasons.length ? [["finish", reasons.join(", ")]] : []),
     ...(typeof blocked === "number" ? [["loop blocked", `${blocked.toFixed(1)} ms`]] : []),
@@ -571,6 +776,12 @@ function llmDetails(span) {
   if (Array.isArray(output)) for (const m of output) messages.push(message(m.role || "assistant", m.parts || [], m.finish_reason ? `finish: ${m.finish_reason}` : null));
   if (messages.length) out.push(el("h3", {}, "Conversation"), el("div", { className: "conversation" }, messages));
   return out;
+}
+
+function costFact(a) {
+  const parts = [["prompt", a["llm.cost.prompt"]], ["completion", a["llm.cost.completion"]]].filter(([, v]) => typeof v === "number");
+  const detail = parts.map(([k, v]) => `${k} ${fmtCost(v)}`).join(" · ");
+  return el("span", { className: "cost", title: `${a["llm.cost.total"]} USD` }, fmtCost(a["llm.cost.total"]), detail ? el("span", { className: "muted" }, ` (${detail})`) : null);
 }
 
 // Objects, lists and JSON-looking strings get a JSON block; plain values stay inline.
@@ -600,7 +811,7 @@ function statusText(span, open) {
   return span.status_message ? `${shown}: ${span.status_message}` : shown;
 }
 
-function spanDetails(span, t0) {
+function spanDetails(span, t0, scores) {
   const open = isOpen(span);
   const out = [
     el("h2", {}, span.name),
@@ -612,6 +823,7 @@ function spanDetails(span, t0) {
       ["parent", span.parent_span_id || "—"],
       ...(lagOf(span) !== null ? [["loop lag max", `${lagOf(span).toFixed(2)} ms`]] : []),
     ]),
+    ...(scores?.length ? [el("h3", {}, "Scores"), scoresTable(scores)] : []),
     ...llmDetails(span),
   ];
   const exception = (span.events || []).find((e) => e.name === "exception");
@@ -660,6 +872,7 @@ async function experimentsPage() {
   const data = await api(`/api/experiments?limit=200`);
   const experiments = data.experiments;
   const names = scoreNames(experiments);
+  const withCost = experiments.some((e) => e.cost_usd != null);
   const picked = [];
   const compare = el("button", { type: "button", disabled: true, id: "compare" }, "Compare two");
   compare.addEventListener("click", () => {
@@ -682,6 +895,7 @@ async function experimentsPage() {
       el("td", { className: "mono" }, fmtTime(e.created_ns)),
       el("td", { className: "num" }, String(e.case_count)),
       el("td", { className: `num${e.error_count ? " worse" : ""}` }, String(e.error_count)),
+      withCost ? costCell(e.cost_usd) : null,
       names.map((n) => el("td", { className: "num" }, e.scores?.[n] ? fmtNumber(e.scores[n].mean) : "")));
   });
   show(el("h1", {}, "Experiments"),
@@ -690,6 +904,7 @@ async function experimentsPage() {
         el("table", { className: "grid experiments" },
           el("thead", {}, el("tr", {}, el("th", {}, ""), el("th", {}, "Experiment"), el("th", {}, "Created"),
             el("th", { className: "num" }, "Cases"), el("th", { className: "num" }, "Errors"),
+            withCost ? el("th", { className: "num" }, "Cost") : null,
             names.map((n) => el("th", { className: "num", title: "mean" }, `${n} (mean)`)))),
           el("tbody", {}, rows))]
       : el("p", { className: "muted" }, "No experiments yet: run one with `async with looptrace.experiment(...)`."));
@@ -714,12 +929,18 @@ async function experimentPage(experimentId) {
   const e = await api(`/api/experiments/${encodeURIComponent(experimentId)}`);
   const names = Object.keys(e.scores || {}).sort();
   const withTokens = Boolean(e.input_tokens || e.output_tokens);
+  const withCost = (e.cases || []).some((c) => c.cost_usd != null);
   const cards = el("div", { className: "cards" },
     el("div", { className: "card" }, el("div", { className: "k" }, "cases"), el("div", { className: "v" }, String(e.case_count))),
     el("div", { className: "card" }, el("div", { className: "k" }, "errors"), el("div", { className: `v${e.error_count ? " worse" : ""}` }, String(e.error_count))),
     e.input_tokens || e.output_tokens
       ? el("div", { className: "card", "data-tokens": "" }, el("div", { className: "k" }, "LLM tokens"),
         el("div", { className: "v" }, `${e.input_tokens} in · ${e.output_tokens} out`))
+      : null,
+    e.cost_usd != null
+      ? el("div", { className: "card", "data-cost": "", title: `${e.cost_usd} USD over ${e.costed_cases} of ${e.case_count} cases` },
+        el("div", { className: "k" }, "cost"), el("div", { className: "v" }, fmtCost(e.cost_usd)),
+        e.costed_cases < e.case_count ? el("div", { className: "muted" }, `${e.costed_cases} of ${e.case_count} cases priced`) : null)
       : null,
     names.map((n) => el("div", { className: "card", "data-score": n },
       el("div", { className: "k" }, `${n} mean`), el("div", { className: "v" }, fmtNumber(e.scores[n].mean)),
@@ -732,6 +953,7 @@ async function experimentPage(experimentId) {
     el("td", {}, badge(c.in_progress ? "in_progress" : c.status), c.error ? el("div", { className: "error-text" }, c.error) : null),
     el("td", { className: "num" }, fmtDuration(c.duration_ns)),
     withTokens ? el("td", { className: "num" }, c.input_tokens || c.output_tokens ? `${c.input_tokens ?? 0} / ${c.output_tokens ?? 0}` : "") : null,
+    withCost ? costCell(c.cost_usd) : null,
     el("td", {}, link(`/traces/${encodeURIComponent(c.trace_id)}#span=${encodeURIComponent(c.span_id)}`, "trace"))));
   const meta = e.metadata && Object.keys(e.metadata).length ? el("details", {}, el("summary", {}, "metadata"), jsonBlock(e.metadata)) : null;
   show(
@@ -743,7 +965,8 @@ async function experimentPage(experimentId) {
     el("table", { className: "grid cases" },
       el("thead", {}, el("tr", {}, el("th", { className: "num" }, "#"), el("th", {}, "Case"), el("th", {}, "Input"), el("th", {}, "Output"), el("th", {}, "Expected"),
         names.map((n) => el("th", { className: "num" }, n)), el("th", {}, "Status"), el("th", { className: "num" }, "Duration"),
-        withTokens ? el("th", { className: "num" }, "Tokens in / out") : null, el("th", {}, ""))),
+        withTokens ? el("th", { className: "num" }, "Tokens in / out") : null,
+        withCost ? el("th", { className: "num" }, "Cost") : null, el("th", {}, ""))),
       el("tbody", {}, rows)));
 }
 
@@ -918,6 +1141,8 @@ function route() {
   let render;
   if (path === "/" || path === "/traces") render = tracesPage;
   else if (parts[0] === "traces" && parts.length === 2) render = () => tracePage(parts[1]);
+  else if (path === "/sessions") { nav = "sessions"; render = sessionsPage; }
+  else if (parts[0] === "sessions" && parts.length === 2) { nav = "sessions"; render = () => sessionPage(parts[1]); }
   else if (path === "/experiments") { nav = "experiments"; render = experimentsPage; }
   else if (parts[0] === "experiments" && parts.length === 2) { nav = "experiments"; render = () => experimentPage(parts[1]); }
   else if (path === "/compare") { nav = "experiments"; render = comparePage; }
