@@ -393,3 +393,57 @@ def test_llm_spans_and_experiment_tokens(tmp_path: Path) -> None:
     code, out = run(path, "experiments", f"{0xE5:032x}")
     assert code == 0
     assert "LLM tokens: 12 in / 5 out" in out
+
+
+def test_traces_filters_by_user_session_tag_and_metadata(tmp_path: Path) -> None:
+    """`looptrace traces` takes --user, --session, --tag and --meta KEY=VALUE (both repeatable,
+    every one must match); the list then shows tokens, cost, session and user columns, and a
+    bad --meta is a usage error."""
+    path = tmp_path / "s.db"
+
+    def attrs(session: str, user: str, tags: list[str], plan: str) -> dict[str, object]:
+        return {
+            "session.id": session,
+            "user.id": user,
+            "tag.tags": tags,
+            "metadata": json.dumps({"plan": plan}),
+        }
+
+    llm = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.usage.input_tokens": 40,
+        "gen_ai.usage.output_tokens": 4,
+        "llm.cost.total": 0.0004,
+    }
+    with Store(path) as store:
+        store.write(
+            [
+                dspan(0x51, 1, name="turn", attributes=attrs("s-1", "ada", ["beta", "vip"], "pro")),
+                dspan(0x51, 2, parent=1, name="chat", attributes=llm),
+                dspan(0x52, 1, name="turn", attributes=attrs("s-2", "bob", ["beta"], "free")),
+                dspan(0x53, 1, name="plain"),
+            ]
+        )
+
+    def listed(*args: str) -> list[str]:
+        code, out = run(path, "traces", "--json", *args)
+        assert code == 0, out
+        return [t["trace_id"] for t in json.loads(out)["traces"]]
+
+    one, two = f"{0x51:032x}", f"{0x52:032x}"
+    assert listed("--user", "ada") == [one]
+    assert listed("--session", "s-2") == [two]
+    assert sorted(listed("--tag", "beta")) == [one, two]
+    assert listed("--tag", "beta", "--tag", "vip") == [one]
+    assert listed("--meta", "plan=free") == [two]
+    assert listed("--meta", "plan=free", "--user", "ada") == []
+    code, out = run(path, "traces", "--user", "ada")
+    assert code == 0
+    header, row = out.splitlines()
+    assert header.split()[-4:] == ["TOKENS", "COST", "SESSION", "USER"]
+    assert row.split()[-4:] == ["40/4", "$0.00040", "s-1", "ada"]
+    code, out = run(path, "traces", "--user", "nobody")
+    assert (code, out.strip()) == (0, "No traces match.")
+    code, out = run(path, "traces", "--meta", "plan")
+    assert code == 2
+    assert "expected KEY=VALUE" in out

@@ -6,7 +6,7 @@ unknown option, a configuration that is refused, such as a public address withou
 taken or the address is not this machine's).
 
 The group and its ``--store`` option are here; each command lives in a module of its own
-(``_demo``, ``_traces`` for ``traces`` and ``show``, ``_experiments``, ``_serve``), on what
+(``_demo``, ``_traces`` for ``traces``, ``show`` and ``sessions``, ``_experiments``, ``_serve``), on what
 they share (``_common``: exit codes, failing, the store) and the terminal formatting
 (``_format``).
 """
@@ -40,7 +40,7 @@ from ._format import render_tree as render_tree
 from ._serve import _viewer_routes as _viewer_routes
 from ._serve import serve
 from ._traces import _terminal_width as _terminal_width
-from ._traces import show, traces
+from ._traces import sessions, show, traces
 
 __all__ = ["main"]
 
@@ -63,5 +63,6 @@ def main(ctx: click.Context, store: Path | None) -> None:
 main.add_command(demo)
 main.add_command(traces)
 main.add_command(show)
+main.add_command(sessions)
 main.add_command(experiments)
 main.add_command(serve)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
+
+from .. import _semconv as sc
 
 
 def fmt_duration(ns: int | None) -> str:
@@ -24,6 +27,52 @@ def fmt_duration(ns: int | None) -> str:
 def fmt_time(ns: int) -> str:
     """A wall-clock time in the local zone, to the second."""
     return datetime.datetime.fromtimestamp(ns / 1e9).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def fmt_cost(usd: float | None, uncosted: int = 0) -> str:
+    """USD for people: blank when unknown (never $0 for "no price"), a "+" when some LLM calls
+    had no known price and are left out of the sum."""
+    if usd is None:
+        return ""
+    # Cents past a dollar, four decimals past a cent, two significant digits below that.
+    if usd == 0:
+        text = "$0"
+    elif usd >= 1:
+        text = f"${usd:.2f}"
+    elif usd >= 0.01:
+        text = f"${usd:.4f}"
+    elif usd < 1e-8:
+        text = "<$0.00000001"
+    else:
+        text = f"${usd:.{1 - math.floor(math.log10(usd))}f}"
+    return text + ("+" if uncosted else "")
+
+
+def fmt_tokens(tokens_in: int | None, tokens_out: int | None) -> str:
+    """``in/out`` token counts, blank when neither is known."""
+    if tokens_in is None and tokens_out is None:
+        return ""
+    return f"{tokens_in or 0}/{tokens_out or 0}"
+
+
+def _is_score(span: dict[str, Any]) -> bool:
+    return (span.get("attributes") or {}).get(sc.SPAN_TYPE) == sc.SPAN_TYPE_SCORE
+
+
+def score_line(attrs: dict[str, Any]) -> str:
+    """A score attached to a span: name, value and/or label, comment."""
+    name = attrs.get(sc.GEN_AI_EVALUATION_NAME, "?")
+    value = attrs.get(sc.GEN_AI_EVALUATION_SCORE_VALUE)
+    label = attrs.get(sc.GEN_AI_EVALUATION_SCORE_LABEL)
+    comment = attrs.get(sc.GEN_AI_EVALUATION_EXPLANATION)
+    text = f"score {name}"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        text += f" = {value:g}"
+    if label is not None:
+        text += f" ({label})" if isinstance(value, (int, float)) else f" = {label}"
+    if comment:
+        text += f": {comment}"
+    return text
 
 
 def _clip(text: str | None, width: int) -> str:
@@ -46,13 +95,18 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def render_tree(spans: Sequence[dict[str, Any]], width: int = 100) -> Iterator[str]:
     """The span tree of one trace, one span per line (inputs and outputs below), parents before
     children, siblings by start time. Spans whose parent is missing are shown as roots."""
-    ids = {s["span_id"] for s in spans}
+    # A score attached after the fact is a line under the span it scores, not a span of the tree.
+    ids = {s["span_id"] for s in spans if not _is_score(s)}
     children: dict[str | None, list[dict[str, Any]]] = {}
+    scores: dict[str | None, list[dict[str, Any]]] = {}
     for s in spans:  # already ordered by start time
         parent = s["parent_span_id"] if s["parent_span_id"] in ids else None
-        children.setdefault(parent, []).append(s)
+        (scores if _is_score(s) else children).setdefault(parent, []).append(s)
     # Iterative walk: a 10,000-deep chain must not hit the recursion limit.
     roots = children.get(None, [])
+    for score in scores.get(None, ()):
+        text = score_line(score.get("attributes") or {})
+        yield _clip(f"{text}  (on span {score['parent_span_id']}, not in this trace)", width)
     stack = [(s, "", True, True) for s in reversed(roots)]
     while stack:
         span, prefix, last, is_root = stack.pop()
@@ -73,6 +127,8 @@ def render_tree(spans: Sequence[dict[str, Any]], width: int = 100) -> Iterator[s
         llm = _llm_line(span.get("attributes") or {})
         if llm:
             yield f"{detail}{_clip(llm, room + 5)}"
+        for score in scores.get(span["span_id"], ()):
+            yield f"{detail}{_clip(score_line(score.get('attributes') or {}), room + 5)}"
         if span["input"] is not None:
             yield f"{detail}in:  {_clip(span['input'], room)}"
         if span["output"] is not None:
@@ -94,6 +150,9 @@ def _llm_line(attrs: dict[str, Any]) -> str:
     if tokens_in is not None or tokens_out is not None:
         text += f"  tokens {tokens_in if tokens_in is not None else '?'} in"
         text += f" / {tokens_out if tokens_out is not None else '?'} out"
+    cost = attrs.get(sc.LLM_COST_TOTAL)
+    if isinstance(cost, (int, float)) and not isinstance(cost, bool):
+        text += f"  cost {fmt_cost(float(cost))}"
     first = attrs.get("looptrace.genai.time_to_first_chunk_ms")
     if isinstance(first, (int, float)):
         text += f"  first chunk {first:.1f}ms"

@@ -1,14 +1,25 @@
-"""``looptrace traces`` and ``looptrace show``: the traces in the local store, listed or one as a
-tree."""
+"""``looptrace traces``, ``looptrace show`` and ``looptrace sessions``: the traces in the local
+store, listed or one as a tree, and the sessions they belong to."""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import click
 
 from ._common import _EPILOG, EXIT_NOT_FOUND, EXIT_USAGE, _dump_json, _fail, _open_store
-from ._format import _clip, _table, fmt_duration, fmt_time, render_tree
+from ._format import _clip, _table, fmt_cost, fmt_duration, fmt_time, fmt_tokens, render_tree
+
+
+def _key_value(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> Any:
+    out = []
+    for raw in values:
+        key, sep, value = raw.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {raw!r}")
+        out.append((key, value))
+    return out
 
 
 @click.command(epilog=_EPILOG)
@@ -25,6 +36,20 @@ from ._format import _clip, _table, fmt_duration, fmt_time, render_tree
     "--lag", "include_lag", is_flag=True, help="Include the lag monitor's summary traces."
 )
 @click.option("--experiment", default=None, help="Only traces of this experiment id.")
+@click.option("--user", default=None, help="Only traces of this user.id.")
+@click.option("--session", default=None, help="Only traces of this session.id.")
+@click.option(
+    "--tag", "tags", multiple=True, help="Only traces with this tag (tag.tags); repeatable."
+)
+@click.option(
+    "--meta",
+    "metadata",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=_key_value,
+    help="Only traces whose metadata has KEY equal to VALUE (non-strings as JSON: n=3, "
+    "ok=true); repeatable.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (the /api/traces shape).")
 @click.pass_context
 def traces(
@@ -34,33 +59,165 @@ def traces(
     name: str | None,
     status: str | None,
     experiment: str | None,
+    user: str | None,
+    session: str | None,
+    tags: tuple[str, ...],
+    metadata: list[tuple[str, str]],
     include_lag: bool,
     as_json: bool,
 ) -> None:
-    """List recent traces, newest first: name, start, duration, status, span count."""
+    """List recent traces, newest first: name, start, duration, status, span count; and, when
+    the traces have them, LLM tokens and cost, scores, session and user."""
     store = _open_store(ctx)
     with store:
         rows = store.list_traces(
-            limit, offset, name=name, status=status, experiment=experiment, include_lag=include_lag
+            limit,
+            offset,
+            name=name,
+            status=status,
+            experiment=experiment,
+            include_lag=include_lag,
+            user=user,
+            session=session,
+            tags=tags,
+            metadata=metadata,
         )
     if as_json:
         _dump_json({"traces": rows, "limit": limit, "offset": offset})
         return
     if not rows:
-        click.echo("No traces match." if (name or status or experiment) else "No traces yet.")
+        filtered = name or status or experiment or user or session or tags or metadata
+        click.echo("No traces match." if filtered else "No traces yet.")
         return
-    table = [
-        (
+    # Columns for what these traces carry, so a store without LLM calls or sessions reads as
+    # before.
+    llm = any(
+        r["input_tokens"] is not None or r["output_tokens"] is not None or r["cost_usd"] is not None
+        for r in rows
+    )
+    scored = any(r["score_count"] for r in rows)
+    people = any(r["session_id"] or r["user_id"] for r in rows)
+    headers = ["TRACE ID", "NAME", "START", "DURATION", "STATUS", "SPANS"]
+    headers += ["TOKENS", "COST"] if llm else []
+    headers += ["SCORES"] if scored else []
+    headers += ["SESSION", "USER"] if people else []
+    table = []
+    for r in rows:
+        row = [
             r["trace_id"],
             _clip(r["name"], 40),
             fmt_time(r["start_ns"]),
             fmt_duration(r["duration_ns"]),
             r["status"] + (f" ({r['error_count']} failed)" if r["error_count"] else ""),
             str(r["span_count"]),
+        ]
+        if llm:
+            row += [
+                fmt_tokens(r["input_tokens"], r["output_tokens"]),
+                fmt_cost(r["cost_usd"], r["uncosted_calls"]),
+            ]
+        if scored:
+            row.append(str(r["score_count"] or ""))
+        if people:
+            row += [_clip(r["session_id"], 24), _clip(r["user_id"], 24)]
+        table.append(row)
+    click.echo(_table(headers, table))
+
+
+@click.command(epilog=_EPILOG)
+@click.argument("session_id", required=False)
+@click.option("-n", "--limit", default=20, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--offset", default=0, type=click.IntRange(0))
+@click.option("--user", default=None, help="Only sessions in which this user.id has a trace.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (the /api/sessions shapes).")
+@click.pass_context
+def sessions(
+    ctx: click.Context,
+    session_id: str | None,
+    limit: int,
+    offset: int,
+    user: str | None,
+    as_json: bool,
+) -> None:
+    """List sessions (session.id), the most recently active first: traces, users, first start,
+    tokens and cost. With SESSION_ID, that session's traces in conversation order, each with
+    the start of its input and output."""
+    store = _open_store(ctx)
+    with store:
+        if session_id is not None:
+            one = store.get_session(session_id, preview=200, limit=limit)
+            if one is None:
+                _fail(f"no session {session_id!r} in {store.path}", EXIT_NOT_FOUND)
+        else:
+            rows = store.list_sessions(limit, offset, user=user)
+    if session_id is not None:
+        _print_session(one, as_json)
+        return
+    if as_json:
+        _dump_json({"sessions": rows, "limit": limit, "offset": offset})
+        return
+    if not rows:
+        click.echo("No sessions match." if user else "No sessions yet.")
+        return
+    table = [
+        (
+            _clip(r["session_id"], 36),
+            str(r["trace_count"]),
+            _clip(", ".join(r["user_ids"]), 30)
+            + (f" +{r['user_count'] - len(r['user_ids'])}" if r["user_count"] > 20 else ""),
+            fmt_time(r["first_start_ns"]),
+            fmt_time(r["last_ns"]),
+            fmt_tokens(r["input_tokens"], r["output_tokens"]),
+            fmt_cost(r["cost_usd"], r["uncosted_calls"]),
         )
         for r in rows
     ]
-    click.echo(_table(("TRACE ID", "NAME", "START", "DURATION", "STATUS", "SPANS"), table))
+    headers = ("SESSION", "TRACES", "USERS", "FIRST", "LAST", "TOKENS", "COST")
+    click.echo(_table(headers, table))
+
+
+def _print_session(session: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        _dump_json(session)
+        return
+    head = (
+        f"session {session['session_id']}  {session['trace_count']} traces  "
+        f"{fmt_time(session['first_start_ns'])} .. {fmt_time(session['last_ns'])}"
+    )
+    tokens = fmt_tokens(session["input_tokens"], session["output_tokens"])
+    if tokens:
+        head += f"  tokens {tokens}"
+    cost = fmt_cost(session["cost_usd"], session["uncosted_calls"])
+    if cost:
+        head += f"  cost {cost}"
+    if session["user_ids"]:
+        head += f"  users {', '.join(session['user_ids'])}"
+    lines = [head, ""]
+    for i, t in enumerate(session["traces"], 1):
+        facts = [
+            f"{i}.",
+            t["trace_id"],
+            _clip(t["name"], 40),
+            fmt_time(t["start_ns"]),
+            fmt_duration(t["duration_ns"]),
+            t["status"],
+        ]
+        tokens = fmt_tokens(t["input_tokens"], t["output_tokens"])
+        if tokens:
+            facts.append(f"tokens {tokens}")
+        cost = fmt_cost(t["cost_usd"], t["uncosted_calls"])
+        if cost:
+            facts.append(f"cost {cost}")
+        if t["score_count"]:
+            facts.append(f"{t['score_count']} scores")
+        lines.append("  ".join(facts))
+        if t["input"] is not None:
+            lines.append(f"    in:  {_clip(t['input'], 100)}")
+        if t["output"] is not None:
+            lines.append(f"    out: {_clip(t['output'], 100)}")
+    if session["truncated"]:
+        lines.append(f"(the first {len(session['traces'])} of {session['trace_count']} traces)")
+    click.echo("\n".join(lines))
 
 
 @click.command(epilog=_EPILOG)
@@ -99,6 +256,16 @@ def show(ctx: click.Context, trace_id: str, width: int | None, as_json: bool) ->
     )
     if summary["error_count"]:
         head += f", {summary['error_count']} failed"
+    tokens = fmt_tokens(summary["input_tokens"], summary["output_tokens"])
+    if tokens:
+        head += f"  tokens {tokens}"
+    cost = fmt_cost(summary["cost_usd"], summary["uncosted_calls"])
+    if cost:
+        head += f"  cost {cost}"
+    if summary["session_id"]:
+        head += f"  session {summary['session_id']}"
+    if summary["user_id"]:
+        head += f"  user {summary['user_id']}"
     lines = [head, ""]
     lines.extend(render_tree(spans, width))
     click.echo("\n".join(lines))
