@@ -89,11 +89,26 @@ def _isolated_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _fail_on_internal_errors(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test during which looptrace recorded an internal error fails, unless it says it
+    expects one (``@pytest.mark.internal_errors``): failures in the background (the flusher,
+    an exporter) are counted, never raised, and would otherwise pass unnoticed."""
+    from looptrace import _errors
+
+    _errors.counts.clear()
+    yield
+    recorded = {k: v for k, v in _errors.counts.items() if v}
+    _errors.counts.clear()
+    if recorded and request.node.get_closest_marker("internal_errors") is None:
+        pytest.fail(f"looptrace recorded internal errors during this test: {recorded}")
+
+
+@pytest.fixture(autouse=True)
 def _reset_pipeline() -> Iterator[None]:
     """After each test: stop the export pipeline (no flusher leaks into the next test) and go
     back to the configuration in the environment."""
     yield
-    from looptrace import _errors, _export, _state
+    from looptrace import _export, _state
 
     _export.shutdown_sync(timeout=2.0)
     _export._last_stats[0] = None
@@ -102,5 +117,3 @@ def _reset_pipeline() -> Iterator[None]:
     _state.disabled = False
     if isinstance(_state.sink, (_state.NullSink, _export.Misconfigured)):
         _state.sink = _export.STARTS_PIPELINE
-    # A test that provokes an internal error on purpose must not show up in the next one.
-    _errors.counts.clear()

@@ -484,6 +484,7 @@ def test_deterministic_ids_and_clock() -> None:
     assert run()[0][:2] == (1, 1)
 
 
+@pytest.mark.internal_errors
 def test_internal_error_in_sink_never_reaches_user_code(monkeypatch: pytest.MonkeyPatch) -> None:
     """If the sink fails, the traced call still returns normally (and the error is counted)."""
     import looptrace._errors as errors

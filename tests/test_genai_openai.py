@@ -380,6 +380,7 @@ async def test_loop_blocking_during_a_stream_is_on_the_span(
     assert before < blocked - 40
 
 
+@pytest.mark.internal_errors
 def test_a_failure_inside_the_instrumentation_never_reaches_the_caller(
     llm: FakeLlmServer, otlp: OtlpTestServer, instrumented: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -595,6 +596,7 @@ class _Unreadable:
         raise RuntimeError("unreadable")
 
 
+@pytest.mark.internal_errors
 def test_a_message_that_cannot_be_read_never_costs_the_span(
     llm: FakeLlmServer, otlp: OtlpTestServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
