@@ -410,3 +410,37 @@ def test_spans_ended_just_before_exit_reach_a_backend_named_by_host_name(tmp_pat
         )
         assert server.wait_for_spans(10, timeout=5), stderr
     assert not [s for s in stderr if "looptrace" in s]
+
+
+def test_a_headers_provider_given_to_configure_signs_every_request_large_spans_included() -> None:
+    """looptrace.configure(headers_provider=...) is the documented way to bring a token that
+    refreshes: every request carries the provider's current value, the large spans that a
+    worker process would otherwise send itself included (the provider lives here)."""
+    import asyncio
+
+    import looptrace
+
+    tokens = iter(f"Bearer t{i}" for i in range(1000))
+
+    async def provider() -> dict[str, str]:
+        return {"Authorization": next(tokens)}
+
+    with OtlpTestServer() as server:
+        looptrace.configure(endpoint=server.url, headers_provider=provider)
+
+        @looptrace.traced
+        async def work(payload: str) -> int:
+            return len(payload)
+
+        async def main() -> None:
+            await work("small")
+            await work("x" * (1024 * 1024))  # past the offload threshold
+            assert (await looptrace.flush(10)).ok
+
+        asyncio.run(main())
+        assert server.wait_for_spans(2, timeout=5)
+        auth = [
+            {k.lower(): v for k, v in r.headers.items()}.get("authorization", "")
+            for r in server.requests
+        ]
+    assert auth and all(a.startswith("Bearer t") for a in auth)

@@ -12,13 +12,16 @@ import logging
 import os
 import re
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from ._errors import ConfigurationError
 
 Encoding = Literal["protobuf", "json"]
+# Headers for each request, over the configured ones (a token that refreshes): a function or a
+# coroutine function, called on the exporter's loop, that must not block.
+HeadersProvider = Callable[[], "Mapping[str, str] | Awaitable[Mapping[str, str]]"]
 Compression = Literal["auto", "gzip", "zstd", "none"]
 
 DEFAULT_REDACT_KEYS: tuple[str, ...] = (
@@ -71,6 +74,7 @@ class Config:
     # -- export --
     endpoint: str | None = None
     headers: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)
+    headers_provider: HeadersProvider | None = dataclasses.field(default=None, repr=False)
     encoding: Encoding = "protobuf"
     compression: Compression = "auto"
     export_timeout: float = 10.0

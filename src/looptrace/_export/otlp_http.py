@@ -93,7 +93,7 @@ class OtlpHttpExporter:
             from .._offload.parent import Destination, Offloader
 
             self._offloader = Offloader()
-            if not self._custom_transport:
+            if not self._custom_transport and settings.worker_can_send():
                 self._destination = Destination(
                     settings, cfg.encoding, self.compression, self.resource
                 )

@@ -102,7 +102,7 @@ class HttpSettings:
             client_certificate=cfg.client_certificate,
             client_key=cfg.client_key,
             max_connections=cfg.max_concurrent_requests,
-            headers_provider=getattr(cfg, "headers_provider", None),
+            headers_provider=cfg.headers_provider,
         )
 
     def worker_can_send(self) -> bool:
