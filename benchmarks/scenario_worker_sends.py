@@ -168,6 +168,14 @@ def _children_cpu() -> float:
     return total
 
 
+def _thread_sys() -> float:
+    """System CPU seconds of the calling thread (Linux; 0 elsewhere)."""
+    import resource
+
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    return resource.getrusage(who).ru_stime if who is not None else 0.0
+
+
 def row(route: str, kind: str, url: str, calls: int) -> dict[str, Any]:
     """One arm of one round, in this (fresh) process."""
     import looptrace
@@ -221,9 +229,10 @@ def row(route: str, kind: str, url: str, calls: int) -> dict[str, Any]:
         tick = asyncio.create_task(ticker())
         await asyncio.sleep(0.05)
         lags.clear()
-        t0, loop0, times0, kids0 = (
+        t0, loop0, loop_sys0, times0, kids0 = (
             time.perf_counter(),
             time.thread_time(),
+            _thread_sys(),
             os.times(),
             _children_cpu(),
         )
@@ -232,6 +241,7 @@ def row(route: str, kind: str, url: str, calls: int) -> dict[str, Any]:
             await asyncio.sleep(0.01)  # the application doing other things between calls
         await looptrace.flush(timeout=120)
         wall, loop_cpu = time.perf_counter() - t0, time.thread_time() - loop0
+        loop_sys = _thread_sys() - loop_sys0
         times, kids = os.times(), _children_cpu() - kids0
         stop.set()
         await tick
@@ -244,6 +254,7 @@ def row(route: str, kind: str, url: str, calls: int) -> dict[str, Any]:
             "cpu": (times.user + times.system - times0.user - times0.system) * 1e3,
             "sys": (times.system - times0.system) * 1e3,
             "loop": loop_cpu * 1e3,
+            "loop_sys": loop_sys * 1e3,
             "workers": kids * 1e3,
             "offloaded": stats.offload.offloaded,
             "worker_sent": worker_sent[0],
@@ -289,6 +300,7 @@ def ab(ref: str | None, pairs: int, calls: int, only: str | None) -> None:
         ("cpu", "app CPU ms"),
         ("sys", "  of it system ms"),
         ("loop", "loop thread CPU ms"),
+        ("loop_sys", "  of it system ms"),
         ("workers", "workers' CPU ms"),
     )
     with tempfile.TemporaryDirectory() as tmp, OtlpServerProcess(defer_decode=True) as server:
@@ -303,7 +315,7 @@ def ab(ref: str | None, pairs: int, calls: int, only: str | None) -> None:
             print(f"\n{label}: A = the worker sends, B = the worker hands the bytes back")
             print(
                 f"{'round':<8}{'total ms':>10}{'max ms':>9}{'wall s':>8}{'app cpu':>9}"
-                f"{'sys':>7}{'loop':>7}{'workers':>9}{'offloaded':>11}{'worker sent':>13}"
+                f"{'sys':>7}{'loop':>7}{'sys':>6}{'workers':>9}{'offloaded':>11}{'worker sent':>13}"
                 f"{'delivered':>11}"
             )
             got: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
@@ -316,7 +328,7 @@ def ab(ref: str | None, pairs: int, calls: int, only: str | None) -> None:
                     print(
                         f"{route + ' #' + str(p + 1):<8}{figures['total']:>10.1f}"
                         f"{figures['max']:>9.1f}{figures['wall']:>8.2f}{figures['cpu']:>9.0f}"
-                        f"{figures['sys']:>7.0f}{figures['loop']:>7.0f}"
+                        f"{figures['sys']:>7.0f}{figures['loop']:>7.0f}{figures['loop_sys']:>6.0f}"
                         f"{figures['workers']:>9.0f}{figures['offloaded']:>11}"
                         f"{figures['worker_sent']:>13}"
                         f"{figures['delivered']:>7}/{calls}",
