@@ -462,3 +462,15 @@ def _describe(exc: BaseException) -> str:
         message = "<str() failed>"
     name = type(exc).__qualname__
     return f"{name}: {message}" if message else name
+
+
+class Deferred:
+    """An attribute value worked out when the span is exported rather than when it is set,
+    for a value that costs more than the caller's path may spend (an LLM call's price, from a
+    table lookup of a millisecond). The serializer calls ``resolve`` on the flusher, once per
+    encoding; it must not raise, and returns None to leave the attribute out."""
+
+    __slots__ = ()
+
+    def resolve(self) -> bool | int | float | str | None:
+        raise NotImplementedError

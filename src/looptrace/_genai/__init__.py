@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from . import _core
+from . import _core, _cost
 
 __all__ = [
     "instrument_anthropic",
@@ -38,6 +38,9 @@ def _apply(module_name: str, client: Any, on: bool) -> None:
     module = importlib.import_module(f"{__name__}.{module_name}")
     if on:
         _core.refresh_conventions()
+        # Here, not at the first call: importing genai-prices and loading its table takes a
+        # few hundred milliseconds, which must not hold an event loop.
+        _cost.load()
     targets = [(cls, name, _wrapper(cls, b, d), path) for cls, name, b, d, path in module.TARGETS]
     for cls, name, path in getattr(module, "STREAM_TARGETS", ()):
         targets.append((cls, name, module._wrap_stream, path))

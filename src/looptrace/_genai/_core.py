@@ -21,6 +21,7 @@ from .. import _semconv as sc
 from .._capture.spans import Span, SpanKind
 from .._capture.start import _activate, _deactivate, start_span
 from .._errors import internal_error
+from . import _cost
 
 # Attribute names: the table in looptrace._semconv (OpenTelemetry GenAI conventions v1.41,
 # OpenInference's span kind, and looptrace's own figures).
@@ -206,6 +207,11 @@ class Call:
         if exc is not None:
             span.set_attribute(sc.ERROR_TYPE, error_type(exc))
             span.fail(exc)
+        elif _cost.ready:
+            try:
+                _cost.attach(span)
+            except Exception as error:  # on the caller's path: never raise there
+                internal_error("genai.cost.attach", error)
         span.end()
 
 

@@ -7,7 +7,7 @@ import types
 from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .._capture.spans import UNSET, CallSite, Span
+from .._capture.spans import UNSET, CallSite, Deferred, Span
 from .._errors import format_exception
 from .._semconv import (
     CODE_FUNCTION,
@@ -46,6 +46,8 @@ def _attr(value: Any, pol: Policy) -> AttrValue | None:
         return value if _INT64_MIN <= value < (1 << 63) else _big_int(value)
     if value is None:
         return None
+    if isinstance(value, Deferred):
+        return _attr(value.resolve(), pol)
     if (cls is list or cls is tuple) and value:
         kinds = {type(x) for x in value}
         if len(kinds) == 1:
