@@ -35,24 +35,30 @@ from __future__ import annotations
 from typing import Any
 
 from . import _hook
-from ._culprits import _CORO_FLAGS as _CORO_FLAGS
-from ._culprits import _DEMO_FILE as _DEMO_FILE
-from ._culprits import _LOOPTRACE_DIR as _LOOPTRACE_DIR
+from ._causes import GC_LOG as GC_LOG
 from ._culprits import _MAX_SAMPLES as _MAX_SAMPLES
-from ._culprits import _MAX_STACK as _MAX_STACK
-from ._culprits import _STDLIB_DIR as _STDLIB_DIR
+from ._culprits import CAUSE_CODE as CAUSE_CODE
+from ._culprits import CAUSE_GC as CAUSE_GC
+from ._culprits import CAUSE_LOOPTRACE as CAUSE_LOOPTRACE
+from ._culprits import CAUSE_UNSCHEDULED as CAUSE_UNSCHEDULED
 from ._culprits import STALL_EVENT as STALL_EVENT
 from ._culprits import Culprit
 from ._culprits import _append_event as _append_event
 from ._culprits import _event_attributes as _event_attributes
-from ._culprits import _Frame as _Frame
-from ._culprits import _is_library as _is_library
 from ._culprits import _make_culprit as _make_culprit
-from ._culprits import _pick as _pick
 from ._culprits import _stall_start_ns as _stall_start_ns
-from ._culprits import _walk as _walk
 from ._culprits import _Watch as _Watch
 from ._culprits import logger as logger
+from ._frames import _CORO_FLAGS as _CORO_FLAGS
+from ._frames import _DEMO_FILE as _DEMO_FILE
+from ._frames import _LOOPTRACE_DIR as _LOOPTRACE_DIR
+from ._frames import _MAX_STACK as _MAX_STACK
+from ._frames import _STDLIB_DIR as _STDLIB_DIR
+from ._frames import _Frame as _Frame
+from ._frames import _is_library as _is_library
+from ._frames import _own_work as _own_work
+from ._frames import _pick as _pick
+from ._frames import _walk as _walk
 from ._histogram import _MAX_US as _MAX_US
 from ._histogram import _N_BUCKETS as _N_BUCKETS
 from ._histogram import LagSnapshot

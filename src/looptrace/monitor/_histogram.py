@@ -31,13 +31,20 @@ def _bucket_bounds(index: int) -> tuple[int, int]:
 
 @dataclasses.dataclass(frozen=True)
 class LagSnapshot:
-    """Loop lag over one window: how late the loop ran the monitor's ticker.
+    """Loop lag over one window (``window_ms`` long): how late the loop ran the monitor's
+    ticker, and the longest stall the program caused.
 
     ``count`` is the number of ticks measured; every ``*_ms`` figure is in milliseconds.
-    Percentiles come from log-linear buckets (within ~1% of the true value); ``mean_ms``,
-    ``max_ms`` and ``total_stall_ms`` (the sum of all lags) are exact. ``worst_at_ns`` is the
-    wall-clock time (ns since the epoch) the worst-delayed tick was due, 0 when nothing was
-    measured.
+    **Lag** is everything that made a tick late: percentiles come from log-linear buckets
+    (within ~1% of the true value); ``mean_ms``, ``max_ms`` (the worst lag) and
+    ``total_stall_ms`` (the sum of all lags) are exact. ``worst_at_ns`` is the wall-clock time
+    (ns since the epoch) the worst-delayed tick was due, 0 when nothing was measured.
+
+    **Worst stall** (``worst_stall_ms``) is the longest time the program held the loop: a
+    tick's lag, or a culprit's duration, less the time the process was not scheduled and
+    looptrace's own work, which are counted apart (``unscheduled_ms``, ``looptrace_ms``, summed
+    over the window). ``worst_stall_cause`` says what it was, when known: the code (``fn
+    (file:line)``) or garbage collection.
     """
 
     count: int
@@ -48,12 +55,27 @@ class LagSnapshot:
     max_ms: float
     total_stall_ms: float
     worst_at_ns: int
+    worst_stall_ms: float = 0.0
+    worst_stall_cause: str = ""
+    unscheduled_ms: float = 0.0
+    looptrace_ms: float = 0.0
+    window_ms: float = 0.0
 
 
 class _Histogram:
     """Counts of lags in fixed log-linear buckets: constant memory however long it runs."""
 
-    __slots__ = ("buckets", "count", "max", "total", "worst_at_ns")
+    __slots__ = (
+        "buckets",
+        "count",
+        "looptrace",
+        "max",
+        "stall",
+        "stall_cause",
+        "total",
+        "unscheduled",
+        "worst_at_ns",
+    )
 
     def __init__(self) -> None:
         self.buckets = [0] * _N_BUCKETS
@@ -61,9 +83,23 @@ class _Histogram:
         self.total = 0.0
         self.max = 0.0
         self.worst_at_ns = 0
+        self.stall = 0.0
+        self.stall_cause = ""
+        self.unscheduled = 0.0
+        self.looptrace = 0.0
 
-    def record(self, lag: float, at_ns: int = 0) -> None:
-        """Add one lag (seconds); ``at_ns`` is when it happened, kept for the worst one."""
+    def record(
+        self,
+        lag: float,
+        at_ns: int = 0,
+        stall: float | None = None,
+        unscheduled: float = 0.0,
+        looptrace: float = 0.0,
+        cause: str = "",
+    ) -> None:
+        """Add one lag (seconds); ``at_ns`` is when it happened, kept for the worst one.
+        ``stall`` is the part of it the program caused (default: all of it); ``unscheduled``
+        and ``looptrace`` the parts the process did not run and looptrace worked."""
         if lag < 0.0:
             lag = 0.0
         self.buckets[_bucket(int(lag * 1e6))] += 1
@@ -72,6 +108,20 @@ class _Histogram:
         if lag > self.max or self.count == 1:
             self.max = lag
             self.worst_at_ns = at_ns
+        if stall is None:
+            stall = lag
+        elif unscheduled or looptrace:
+            self.unscheduled += unscheduled
+            self.looptrace += looptrace
+        if stall > self.stall:
+            self.stall = stall
+            self.stall_cause = cause
+
+    def note_stall(self, stall: float, cause: str) -> None:
+        """A stall measured by its culprit (the step's own duration, seconds)."""
+        if stall > self.stall:
+            self.stall = stall
+            self.stall_cause = cause
 
     def percentile(self, p: float) -> float:
         """The ``p`` quantile (0..1) in seconds, from the buckets (bucket midpoint, clamped to
@@ -88,7 +138,7 @@ class _Histogram:
                     return min((low + high) / 2e6, self.max)
         return self.max
 
-    def snapshot(self) -> LagSnapshot:
+    def snapshot(self, window_ms: float = 0.0) -> LagSnapshot:
         n = self.count
         return LagSnapshot(
             count=n,
@@ -99,4 +149,9 @@ class _Histogram:
             max_ms=round(self.max * 1e3, 3),
             total_stall_ms=round(self.total * 1e3, 3),
             worst_at_ns=self.worst_at_ns,
+            worst_stall_ms=round(self.stall * 1e3, 3),
+            worst_stall_cause=self.stall_cause,
+            unscheduled_ms=round(self.unscheduled * 1e3, 3),
+            looptrace_ms=round(self.looptrace * 1e3, 3),
+            window_ms=round(window_ms, 3),
         )

@@ -2,7 +2,8 @@
 
 ``Handle._run`` is a class attribute shared by every loop in the process. The wrapper goes in
 when the first monitor asks for culprits, passes straight through on loops no monitor watches,
-and the original is put back, the same object, when the last such monitor stops (``_patch``).
+and the original is put back, the same object, when the last such monitor stops (``_patch``,
+``_refresh_patch``).
 Everything else about culprits (the watchdog, the samples, the report) is in ``_culprits``.
 """
 
@@ -58,14 +59,21 @@ def _patch(on: bool) -> None:
         setattr(handle_cls, "_run", _original_run)  # noqa: B010
 
 
+def _refresh_patch() -> None:
+    """Put ``Handle._run`` back once no watched loop names culprits (under the registry's
+    lock): a watch that only keeps the heartbeat needs no wrapper."""
+    if not any(watch.hooked for watch in _watches.values()):
+        _patch(False)
+
+
 def _release_watch(loop: asyncio.AbstractEventLoop) -> threading.Thread | None:
-    """Forget ``loop``'s watch and stop its watchdog; put ``Handle._run`` back when no loop is
-    watched any more. Called under the registry's lock. Returns the watchdog thread to join."""
+    """Forget ``loop``'s watch and stop its watchdog; put ``Handle._run`` back when no loop
+    names culprits any more. Called under the registry's lock. Returns the watchdog thread to
+    join."""
     watch = _watches.pop(loop, None)
     thread = None
     if watch is not None:
         watch.stop.set()
         thread = watch.thread
-    if not _watches:
-        _patch(False)
+    _refresh_patch()
     return thread

@@ -13,10 +13,12 @@ import collections
 import contextvars
 import math
 import threading
+import time
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from ._culprits import Culprit, _join_watch, _leave_watch, _Watch
+from ._causes import GC_LOG, describe_gc
+from ._culprits import CAUSE_LOOPTRACE, Culprit, _join_watch, _leave_watch, _Watch
 from ._histogram import LagSnapshot, _bucket, _Histogram
 
 # The pipeline, for its wiring too: the summary spans need its sink even in a program that
@@ -39,6 +41,10 @@ if TYPE_CHECKING:
     from ._internals import Config
 
 _MAX_CULPRITS = 100
+_perf = time.perf_counter
+# Lags shorter than this are taken as they are: asking what caused them costs a clock reading
+# and a CPU-time system call, for nothing a reader would act on.
+_EXPLAIN_S = 0.002
 
 
 class LagMonitor:
@@ -94,7 +100,12 @@ class LagMonitor:
         self._stack_lag: list[int] = []  # ns
         self._stack_bucket: list[int] = []
         self._culprits: collections.deque[Culprit] = collections.deque(maxlen=_MAX_CULPRITS)
+        # The loop's watch, which every monitor joins for its heartbeat (the time the process
+        # did not run); _culprit_watch: whether this monitor names culprits through it.
         self._watch: _Watch | None = None
+        self._culprit_watch = False
+        # looptrace's own work the watch saw since the last tick (s): not the program's stall.
+        self._own_pending = 0.0
         self._thread_id = 0
 
     def __repr__(self) -> str:
@@ -113,11 +124,24 @@ class LagMonitor:
     @property
     def culprits_supported(self) -> bool:
         """False when culprits were asked for but this loop's callbacks cannot be observed."""
-        return not self._want_culprits or self._watch is not None or self._loop is None
+        return not self._want_culprits or self._culprit_watch or self._loop is None
 
     def snapshot(self) -> LagSnapshot:
         """The figures for the current window."""
-        return self._hist.snapshot()
+        return self._hist.snapshot((_clock.now_ns() - self._window_start_ns) / 1e6)
+
+    def _note_culprit(self, culprit: Culprit) -> None:
+        """A step on this loop held it past a culprit threshold (called on the loop thread, for
+        every monitor on the loop): the program's stall counts at its full measured length;
+        looptrace's own work is taken out of the next tick's lag."""
+        if culprit.cause == CAUSE_LOOPTRACE:
+            self._own_pending += culprit.stall_ms / 1e3
+        elif culprit.charged:
+            cause = culprit.describe_cause()
+            where = f"{culprit.qualname} ({culprit.filename}:{culprit.lineno})"
+            self._hist.note_stall(
+                culprit.stall_ms / 1e3, f"{cause} during {where}" if cause else where
+            )
 
     def reset(self) -> None:
         """Start a new window (span lag and culprits are not affected)."""
@@ -172,8 +196,7 @@ class LagMonitor:
             return
         if loop.is_running():
             self._bind_thread()
-        if self._want_culprits:
-            _join_watch(self, loop)
+        _join_watch(self, loop)
         self._due = loop.time() + self._interval
         self._due_ns = _clock.now_ns() + self._interval_ns
         self._handle = loop.call_at(self._due, self._tick, context=self._ctx)
@@ -245,8 +268,8 @@ class LagMonitor:
             ran_ns = _clock.now_ns()
             lag_ns = int(lag * 1e9)
             due_ns = ran_ns - lag_ns
-            self._hist.record(lag, due_ns)
-            _push_tick(self, due_ns, ran_ns, lag_ns, _bucket(int(lag * 1e6)))
+            stall = self._record(lag, due_ns)
+            _push_tick(self, due_ns, ran_ns, int(stall * 1e9), _bucket(int(stall * 1e6)))
             self._ticks += 1
             self._lag_sum_ns += lag_ns
             if not self._thread_id:  # started before the loop ran
@@ -262,6 +285,27 @@ class LagMonitor:
         self._due = now + self._interval
         self._due_ns = _clock.now_ns() + self._interval_ns
         self._handle = loop.call_at(self._due, self._tick, context=self._ctx)
+
+    def _record(self, lag: float, due_ns: int) -> float:
+        """Put one tick's lag in the histogram, with the part of it the program caused (the
+        stall, returned): the time the process did not run and looptrace's own work are taken
+        out and counted apart."""
+        own, self._own_pending = self._own_pending, 0.0
+        watch = self._watch
+        if lag < _EXPLAIN_S or watch is None:
+            self._hist.record(lag, due_ns)
+            return lag
+        ran = _perf()
+        unscheduled = watch.beats.unscheduled(ran - lag, ran)
+        own = min(own, lag - unscheduled)
+        stall = lag - unscheduled - own
+        cause = ""
+        if stall > self._hist.stall:
+            gc_s, generation, where = GC_LOG.during(ran - lag, ran)
+            if gc_s >= stall / 2:
+                cause = describe_gc(gc_s, generation, where)
+        self._hist.record(lag, due_ns, stall, unscheduled, own, cause)
+        return stall
 
     def finish_window(self) -> None:
         """Export the summary of the current, partial window now (with ``summary_interval``):

@@ -1,6 +1,7 @@
-"""Span lag: the worst loop lag each span saw while it was open, from the ticks' max-stack.
+"""Span lag: the worst stall each span saw while it was open, from the ticks' max-stack.
 
-Every tick pushes its lag onto its monitor's monotonic max-stack (``_push_tick``). While any
+Every tick pushes its stall (its lag, less the time the process did not run and looptrace's own
+work) onto its monitor's monotonic max-stack (``_push_tick``). While any
 monitor runs, one end hook (``_span_end``) gives each span that ends on a monitored loop's
 thread ``looptrace.loop.lag_max_ms``: a bisect of the span's start over the stack, with no
 clock reading. ``blocked_ns`` reads the same ticks' running total of lag.
@@ -58,9 +59,9 @@ def _span_end(span: Span) -> None:
     j = _bisect_left(dues, start)
     worst = monitor._stack_lag[j] if j < len(dues) else 0
     if j:
-        # The tick due just before the start may have run after it: only the part of its lag
-        # after the start is the span's.
-        late = monitor._stack_ran[j - 1] - start
+        # The tick due just before the start may have run after it: only the part of its
+        # stall after the start is the span's.
+        late = min(monitor._stack_ran[j - 1] - start, monitor._stack_lag[j - 1])
         if late > worst:
             worst = late
     # The pending tick may be late right now (a stall inside this span that ends before the

@@ -7,8 +7,10 @@ import math
 import pytest
 
 _MARKER_HELP = (
-    "looptrace(max_loop_lag_ms=None): trace this test with looptrace (even without --looptrace); "
-    "with max_loop_lag_ms, fail an async test whose event loop stalled longer than that."
+    "looptrace(max_loop_lag_ms=None, count_unscheduled=False): trace this test with looptrace "
+    "(even without --looptrace); with max_loop_lag_ms, fail an async test whose code stalled the "
+    "event loop longer than that (time the process was not scheduled is reported, and counted "
+    "only with count_unscheduled=True)."
 )
 
 
@@ -31,12 +33,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="MS",
         type=float,
         default=None,
-        help="fail async tests whose event loop stalled longer than MS (implies --looptrace).",
+        help="fail async tests whose code stalled the event loop longer than MS "
+        "(implies --looptrace).",
+    )
+    group.addoption(
+        "--looptrace-count-unscheduled",
+        action="store_true",
+        default=False,
+        help="the stall limit counts the raw worst lag: time the process was not scheduled "
+        "(a busy machine, a stopped process) and looptrace's own work included.",
     )
     parser.addini("looptrace", "trace every test with looptrace", type="bool", default=False)
     parser.addini("looptrace_experiment", "experiment name for test runs", default="")
     parser.addini(
         "looptrace_max_loop_lag_ms", "default event-loop stall limit for async tests", default=""
+    )
+    parser.addini(
+        "looptrace_count_unscheduled",
+        "the stall limit counts time the process was not scheduled too",
+        type="bool",
+        default=False,
     )
 
 

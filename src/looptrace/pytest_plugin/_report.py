@@ -77,6 +77,20 @@ def _delivery_warning(deliveries: list[dict[str, Any]], where: str) -> str:
     return f"looptrace: {dropped} span(s) not delivered to {where} within {seconds:.1f} s{error}"
 
 
+def _worst_pause(plugin: _Plugin) -> tuple[str, float] | None:
+    """The test whose process was not scheduled the longest, from the reports' properties (an
+    xdist controller sees only reports)."""
+    from ._lag import UNSCHEDULED_PROPERTY
+
+    worst: tuple[str, float] | None = None
+    for nodeid, reports in plugin.reports.items():
+        for report in reports:
+            for name, value in getattr(report, "user_properties", ()):
+                if name == UNSCHEDULED_PROPERTY and (worst is None or float(value) > worst[1]):
+                    worst = (nodeid, float(value))
+    return worst
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     plugin = config.stash.get(_PLUGIN, None)
     if plugin is None or not plugin.active or plugin.is_worker:
@@ -98,7 +112,14 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if s.worst_lag is not None and s.worst_lag.lag_max_ms is not None:
         culprit = f" ({s.worst_lag.lag_culprit})" if s.worst_lag.lag_culprit else ""
         tr.write_line(
-            f"loop lag    worst {s.worst_lag.lag_max_ms:.0f} ms in {s.worst_lag.nodeid}{culprit}"
+            f"loop lag    worst stall {s.worst_lag.lag_max_ms:.0f} ms in {s.worst_lag.nodeid}"
+            f"{culprit}"
+        )
+    pause = _worst_pause(plugin)
+    if pause is not None:
+        tr.write_line(
+            f"loop pause  {pause[1]:.0f} ms not scheduled in {pause[0]} (the machine was busy or "
+            "the process was stopped)"
         )
     deliveries = [plugin.delivery, *plugin.worker_counts]
     sent = sum(int(d.get("sent", 0)) for d in deliveries)
