@@ -14,6 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._capture.attributes import attributes
     from ._capture.context import (
         attach,
         bind_context,
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
         shutdown_sync,
         statistics,
     )
+    from ._feedback import score
     from ._genai import (
         instrument_anthropic,
         instrument_openai,
@@ -63,6 +65,8 @@ __version__ = "0.1.0"
 # Each public name and the module that defines it. The imports above are the same list for
 # type checkers; tests/test_public_api.py checks that the two agree.
 _ORIGIN = {
+    "attributes": "_capture.attributes",
+    "score": "_feedback",
     "span": "_capture.decorators",
     "traced": "_capture.decorators",
     "Config": "_config",
@@ -122,7 +126,7 @@ def __getattr__(name: str) -> Any:
     module = _ORIGIN.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if module == "_capture.decorators":
+    if module == "_capture.decorators" or module == "_feedback":
         # The wiring: capture never imports export, so the capture API brings the pipeline
         # with it here, and not with the first span (which may start on the user's event
         # loop: the export modules take a tenth of a second to import).
@@ -159,6 +163,7 @@ __all__ = [
     "StatusCode",
     "__version__",
     "attach",
+    "attributes",
     "backpressure",
     "bind_context",
     "configure",
@@ -173,6 +178,7 @@ __all__ = [
     "instrument_openai",
     "instrument_opentelemetry",
     "run_experiment",
+    "score",
     "shutdown",
     "shutdown_on_signal",
     "shutdown_sync",

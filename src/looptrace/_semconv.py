@@ -175,3 +175,22 @@ GENAI_FIRST_CHUNK_EVENT = "gen_ai.first_token"
 SPAN_TYPE_SCORE = "score"
 # USD summed over the LLM calls of a case's trace that have a known price (absent: none had).
 CASE_COST_USD = "looptrace.case.cost_usd"
+
+# -- Langfuse ---------------------------------------------------------------------------------
+# Langfuse reads session.id, user.id and tag.tags as they are, but trace metadata only under its
+# own key: looptrace.attributes(metadata=...) writes the same JSON string there and at METADATA.
+LANGFUSE_TRACE_METADATA = "langfuse.trace.metadata"
+
+# looptrace.traced(as_type=...) / looptrace.span(..., as_type=...): each value and the
+# openinference.span.kind it sets (``kind=`` stays the OpenTelemetry SpanKind).
+OI_KINDS = {
+    "chain": OI_CHAIN,
+    "llm": OI_LLM,
+    "embedding": OI_EMBEDDING,
+    "tool": OI_TOOL,
+    "agent": OI_AGENT,
+    "evaluator": OI_EVALUATOR,
+    "retriever": OI_RETRIEVER,
+    "reranker": OI_RERANKER,
+    "guardrail": OI_GUARDRAIL,
+}

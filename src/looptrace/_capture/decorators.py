@@ -15,6 +15,17 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from .. import _state
 from .._errors import internal_error
+from .._semconv import (
+    GEN_AI_AGENT_NAME,
+    GEN_AI_OP_EXECUTE_TOOL,
+    GEN_AI_OP_INVOKE_AGENT,
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_TOOL_NAME,
+    OI_AGENT,
+    OI_KINDS,
+    OI_TOOL,
+    OPENINFERENCE_SPAN_KIND,
+)
 from .context import CURRENT
 from .context import reset_current as _reset_current
 from .context import set_current as _set_current
@@ -27,7 +38,35 @@ from .start import (
     start_span,
 )
 
-__all__ = ["span", "start_root", "start_scoped_span", "start_span", "traced"]
+__all__ = [
+    "kind_attributes",
+    "span",
+    "start_root",
+    "start_scoped_span",
+    "start_span",
+    "traced",
+]
+
+
+def kind_attributes(as_type: str | None, name: str) -> dict[str, Any]:
+    """What ``as_type`` says on a span: ``openinference.span.kind``, and for a tool or an
+    agent the GenAI operation and the tool's or agent's name (the span's name).
+
+    Without one, looptrace's own spans are exported as CHAIN (see _serialize.spans)."""
+    if as_type is None:
+        return {}
+    if not isinstance(as_type, str) or as_type.lower() not in OI_KINDS:
+        raise ValueError(f"as_type must be one of {', '.join(sorted(OI_KINDS))}, got {as_type!r}")
+    kind = OI_KINDS[as_type.lower()]
+    out: dict[str, Any] = {OPENINFERENCE_SPAN_KIND: kind}
+    if kind == OI_TOOL:
+        out[GEN_AI_OPERATION_NAME] = GEN_AI_OP_EXECUTE_TOOL
+        out[GEN_AI_TOOL_NAME] = name
+    elif kind == OI_AGENT:
+        out[GEN_AI_OPERATION_NAME] = GEN_AI_OP_INVOKE_AGENT
+        out[GEN_AI_AGENT_NAME] = name
+    return out
+
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -38,7 +77,10 @@ class span:
     """Trace a block: ``with looptrace.span("name") as s:`` or ``async with``.
 
     ``parent`` may be a remote :class:`SpanContext` (from ``looptrace.extract``) or a span.
-    An exception leaving the block is recorded on the span and re-raised untouched.
+    ``kind`` is the OpenTelemetry span kind; ``as_type`` what the span is to the
+    OpenInference backends ("chain", the default, "tool", "agent", "llm", "embedding",
+    "retriever", "reranker", "guardrail", "evaluator"). An exception leaving the block is
+    recorded on the span and re-raised untouched.
     """
 
     __slots__ = (
@@ -59,9 +101,12 @@ class span:
         *,
         parent: Span | SpanContext | None = None,
         kind: SpanKind | int = SpanKind.INTERNAL,
+        as_type: str | None = None,
     ) -> None:
         self._name = name
         self._attributes = dict(attributes) if attributes else None
+        if as_type is not None:
+            self._attributes = {**kind_attributes(as_type, name), **(self._attributes or {})}
         self._parent = parent
         self._kind = int(kind)
         self._span: Span | None = None
@@ -212,6 +257,7 @@ def traced(
     capture_output: bool | None = None,
     process_inputs: Callable[[Any], Any] | None = None,
     process_outputs: Callable[[Any], Any] | None = None,
+    as_type: str | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -225,6 +271,7 @@ def traced(
     capture_output: bool | None = None,
     process_inputs: Callable[[Any], Any] | None = None,
     process_outputs: Callable[[Any], Any] | None = None,
+    as_type: str | None = None,
 ) -> Any:
     """Record a span for every call of a function, coroutine function, generator or async
     generator (also methods, classmethods and staticmethods).
@@ -233,8 +280,13 @@ def traced(
     the call's arguments and the output its return value (or the first items a generator
     yields), unless turned off here or globally. ``process_inputs``/``process_outputs`` transform
     those values at export time (for redaction); if they raise, the value is replaced by an
-    error marker, never sent raw.
+    error marker, never sent raw. ``as_type`` says what the function is to the OpenInference
+    backends (``openinference.span.kind``): "chain" (the default), "tool", "agent", "llm",
+    "embedding", "retriever", "reranker", "guardrail" or "evaluator"; a tool's and an agent's
+    spans also carry the GenAI ``execute_tool`` / ``invoke_agent`` operation and their name.
     """
+    if as_type is not None:
+        kind_attributes(as_type, "")  # a wrong value fails here, not at the first call
 
     def decorate(target: Any) -> Any:
         if isinstance(target, (classmethod, staticmethod)):
@@ -242,13 +294,18 @@ def traced(
         # Decorating happens ahead of the calls (mostly at import time): the export path's
         # start-up is done here, not in the first traced call.
         _state.prepare_ahead()
+        span_name = name or getattr(target, "__qualname__", None) or repr(target)
+        static = attributes
+        if as_type is not None:
+            # Static attributes are applied at export: the kind costs the call nothing.
+            static = {**kind_attributes(as_type, span_name), **(attributes or {})}
         return _wrap(
             target,
             CallSite(
-                name or getattr(target, "__qualname__", None) or repr(target),
+                span_name,
                 getattr(target, "__qualname__", ""),
                 getattr(target, "__module__", "") or "",
-                attributes,
+                static,
                 capture_inputs,
                 capture_output,
                 process_inputs,

@@ -16,6 +16,7 @@ from typing import Any, Final, NamedTuple
 
 from .. import _clock, _state
 from .._semconv import CANCELLED, EXCEPTION_EVENT
+from .attributes import ContextAttributes, get_attributes
 
 
 class StatusCode(enum.IntEnum):
@@ -143,6 +144,7 @@ class Span:
         "__weakref__",
         "_lag_mark",
         "attributes",
+        "context_attributes",
         "end_ns",
         "events",
         "inputs",
@@ -200,6 +202,9 @@ class Span:
         self.kind = kind
         self._lag_mark: Any = None
         self.site = None
+        # The looptrace.attributes() block in force where the span starts (exported as
+        # session.id, user.id, tag.tags, metadata): one ContextVar read, nothing copied.
+        self.context_attributes: ContextAttributes | None = get_attributes()
 
     def __repr__(self) -> str:
         state = "ended" if self.end_ns else "open"
@@ -371,6 +376,7 @@ class ScopedSpan(Span):
         self.kind = kind
         self._lag_mark = None
         self.site = None
+        self.context_attributes = get_attributes()
         self.scope = scope
         self.parent_is_remote = parent_is_remote
 
@@ -398,6 +404,7 @@ class NonRecordingSpan(Span):
         self.events = None
         self.links = None
         self.status_code = 0
+        self.context_attributes = None
 
     @property
     def context(self) -> SpanContext:

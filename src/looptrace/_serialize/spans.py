@@ -7,6 +7,7 @@ import types
 from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._capture.attributes import ContextAttributes
 from .._capture.spans import UNSET, CallSite, Deferred, Span
 from .._errors import format_exception
 from .._semconv import (
@@ -20,6 +21,10 @@ from .._semconv import (
     INPUT_MIME_TYPE,
     INPUT_VALUE,
     JSON_MIME,
+    LANGFUSE_TRACE_METADATA,
+    METADATA,
+    OI_CHAIN,
+    OPENINFERENCE_SPAN_KIND,
     OUTPUT_MIME_TYPE,
     OUTPUT_VALUE,
 )
@@ -186,14 +191,40 @@ def _stacktrace(exc: BaseException, tb: types.TracebackType | None) -> str:
     return text
 
 
+def _context_attributes(
+    shared: ContextAttributes, pol: Policy
+) -> tuple[tuple[str, AttrValue], ...]:
+    """A ``looptrace.attributes`` block's values as wire attributes: worked out by the first
+    span of the block exported under ``pol`` and reused by the rest (every span of a session
+    carries them, so the metadata's JSON is written once, not once per span)."""
+    cached = shared.wire
+    if cached is not None and cached[0] is pol:
+        return cached[1]  # type: ignore[no-any-return]
+    out: dict[str, AttrValue] = {}
+    _attributes(shared.as_attributes(), pol, out)
+    metadata = out.get(METADATA)
+    if metadata is not None:
+        out[LANGFUSE_TRACE_METADATA] = metadata  # the same string: encoded once
+    encoded = tuple(out.items())
+    shared.wire = (pol, encoded)  # a race computes the same value twice, nothing worse
+    return encoded
+
+
 def _skeleton(span: Span, cfg: Config, pol: Policy) -> WireSpan:
     """Everything about a span except its input and output values."""
     attrs: dict[str, AttrValue] = {}
+    shared = span.context_attributes
+    if shared is not None:
+        attrs.update(_context_attributes(shared, pol))
     site = span.site
     if site is not None:
         _attributes(site.attributes, pol, attrs)
         attrs.update(_code_attributes(site))
     _attributes(span.attributes, pol, attrs)
+    if span.scope is None and OPENINFERENCE_SPAN_KIND not in attrs:
+        # looptrace's own spans (traced functions, span blocks, experiments and cases) are
+        # CHAIN unless they say otherwise; spans of other instrumentations keep their own.
+        attrs[OPENINFERENCE_SPAN_KIND] = OI_CHAIN
     if not span.end_ns:
         attrs[IN_PROGRESS] = True
     links = []

@@ -7,6 +7,7 @@ so to the local store and viewer, or to the endpoint looptrace is configured wit
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from opentelemetry.context import Context
@@ -15,8 +16,10 @@ from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.sdk.trace import SpanProcessor as SdkSpanProcessor
 
 from .. import _state
+from .._capture.attributes import get_attributes
 from .._capture.spans import Event, Link, ScopedSpan, SpanContext
 from .._errors import internal_error
+from .._semconv import LANGFUSE_TRACE_METADATA, METADATA
 from . import _bridge
 from ._span import trace_state_of
 
@@ -39,7 +42,22 @@ class SpanProcessor(SdkSpanProcessor):
         _bridge.install()
 
     def on_start(self, span: SdkSpan, parent_context: Context | None = None) -> None:
-        pass
+        # A looptrace.attributes() block in force goes on the SDK's span as plain attributes
+        # (as OpenInference's instrumentations do), so the SDK's other exporters send it too.
+        shared = get_attributes()
+        if shared is None:
+            return
+        try:
+            values = shared.as_attributes()
+            metadata = values.get(METADATA)
+            if metadata is not None:
+                text = json.dumps(metadata, default=str, ensure_ascii=False)
+                values[METADATA] = values[LANGFUSE_TRACE_METADATA] = text
+            for key, value in values.items():
+                if span.attributes is None or key not in span.attributes:
+                    span.set_attribute(key, value)
+        except Exception as exc:
+            internal_error("otel.processor_start", exc)
 
     def on_end(self, span: ReadableSpan) -> None:
         try:
@@ -81,6 +99,8 @@ def from_readable(span: ReadableSpan) -> Span:
         (scope.name, scope.version or "") if scope is not None else None,
         parent is not None and parent.is_remote,
     )
+    # Made where the span ended, not where it started: on_start put the block's values on it.
+    out.context_attributes = None
     if span.events:
         out.events = [
             Event(e.name, e.timestamp, dict(e.attributes) if e.attributes else None)
