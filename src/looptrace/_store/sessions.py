@@ -26,6 +26,8 @@ _SESSION_AGGREGATES = (
 )
 # How many user ids a session's summary names (the count is always exact).
 _USERS_SHOWN = 20
+# How many of the newest traces the session list walks before it sorts every session instead.
+_WALK_ROWS = 2000
 
 
 def _session_dict(session_id: str, row: Sequence[Any]) -> dict[str, Any]:
@@ -62,34 +64,76 @@ class SessionReads(Connections):
         since_ns: int | None = None,
         preview: int = 200,
     ) -> list[dict[str, Any]]:
-        """Sessions, the most recently active first, each with its trace count, users (ids and
-        count), first start and last activity (``last_ns``), summed tokens and cost, failed
-        traces, scores, and ``first_input``: the start of its first trace's input. ``user``
-        keeps the sessions in which that user has a trace; ``since_ns`` those active since."""
+        """Sessions, the most recently active first (by their latest trace's start), each with
+        its trace count, users (ids and count), first start and last activity (``last_ns``),
+        summed tokens and cost, failed traces, scores, and ``first_input``: the start of its
+        first trace's input. ``user`` keeps the sessions in which that user has a trace;
+        ``since_ns`` those with a trace started since."""
+        # The page is found by walking traces newest first (the start_ns index) until enough
+        # distinct sessions are seen, and only its sessions are summed (the session index).
+        # Where the walk would be long (a deep page, sessions rare among recent traces), it
+        # stops after _WALK_ROWS and the page is taken from the latest start of every session
+        # instead (the session index alone, no table rows).
         where = ["session_id IS NOT NULL"]
         params: list[Any] = []
         if user is not None:
             where.append("session_id IN (SELECT session_id FROM traces WHERE user_id = ?)")
             params.append(user)
-        having = ""
         if since_ns is not None:
-            having = " HAVING max(max(start_ns, end_ns)) >= ?"
+            where.append("start_ns >= ?")
             params.append(since_ns)
+        want = offset + limit
+        page: list[str] = []
         n = int(preview)
-        sql = (
-            f"SELECT session_id, {_SESSION_AGGREGATES}, ("
-            f"SELECT substr(s.input, 1, {n}) FROM traces f JOIN spans s "
-            "ON s.trace_id = f.trace_id AND s.span_id = f.root_span_id "
-            "WHERE f.session_id = traces.session_id ORDER BY f.start_ns LIMIT 1) "
-            f"FROM traces WHERE {' AND '.join(where)} GROUP BY session_id{having} "
-            "ORDER BY max(max(start_ns, end_ns)) DESC, session_id LIMIT ? OFFSET ?"
-        )
         with self._reader() as conn:
-            rows = conn.execute(sql, (*params, limit, offset)).fetchall()
+            seen: set[str] = set()
+            rows = conn.execute(
+                f"SELECT session_id FROM traces WHERE {' AND '.join(where)} "
+                f"ORDER BY start_ns DESC LIMIT {_WALK_ROWS}",
+                params,
+            ).fetchall()
+            for (session_id,) in rows:
+                if session_id not in seen:
+                    seen.add(session_id)
+                    if len(seen) > offset:
+                        page.append(session_id)
+                    if len(seen) >= want:
+                        break
+            if len(seen) < want and len(rows) == _WALK_ROWS:
+                page = [
+                    r[0]
+                    for r in conn.execute(
+                        f"SELECT session_id FROM traces WHERE {' AND '.join(where)} "
+                        "GROUP BY session_id ORDER BY max(start_ns) DESC, session_id "
+                        "LIMIT ? OFFSET ?",
+                        (*params, limit, offset),
+                    )
+                ]
+            if not page:
+                return []
+            marks = ", ".join("?" * len(page))
+            heads = {
+                row[0]: row[1:]
+                for row in conn.execute(
+                    f"SELECT session_id, {_SESSION_AGGREGATES} FROM traces "
+                    f"WHERE session_id IN ({marks}) GROUP BY session_id",
+                    page,
+                )
+            }
+            firsts = {
+                session_id: conn.execute(
+                    f"SELECT substr(s.input, 1, {n}) FROM traces f JOIN spans s "
+                    "ON s.trace_id = f.trace_id AND s.span_id = f.root_span_id "
+                    "WHERE f.session_id = ? ORDER BY f.start_ns LIMIT 1",
+                    (session_id,),
+                ).fetchone()
+                for session_id in page
+            }
         out = []
-        for row in rows:
-            session = _session_dict(row[0], row[1:12])
-            session["first_input"] = row[12]
+        for session_id in page:
+            session = _session_dict(session_id, heads[session_id])
+            first = firsts[session_id]
+            session["first_input"] = first[0] if first else None
             out.append(session)
         return out
 

@@ -132,10 +132,11 @@ class Writer(Retention):
             )
         conn.executemany(_UPSERT_SPAN, rows)
         self._update_traces(conn, list(dict.fromkeys(p.trace_id for p in prepared)))
-        # Every span inside one looptrace.attributes() block carries the same tags and
-        # metadata: one row per (trace, key, value), however many spans repeat it.
-        labels = {(k, v, p.trace_id) for p in prepared for k, v in p.labels}
-        if labels:
+        # One row per (trace, key, value), however many spans repeat it: the spans of one
+        # block share one labels tuple, so a trace's rows are made once per distinct tuple.
+        blocks = {(p.trace_id, id(p.labels)): p for p in prepared if p.labels}
+        if blocks:
+            labels = {(k, v, p.trace_id) for p in blocks.values() for k, v in p.labels}
             conn.executemany(
                 "INSERT OR IGNORE INTO trace_labels (key, value, trace_id) VALUES (?, ?, ?)",
                 sorted(labels),
@@ -252,13 +253,25 @@ def _prepare(span: DecodedSpan, parsed: dict[str, Any] | None = None) -> _Prepar
     session_id = attributes.get(sc.SESSION_ID)
     user_id = attributes.get(sc.USER_ID)
     span_type = attributes.get(sc.SPAN_TYPE)
-    input_tokens = output_tokens = cost = None
-    # An agent's span may repeat the usage of the calls inside it: only the calls are summed.
-    if attributes.get(sc.GEN_AI_OPERATION_NAME) != sc.GEN_AI_OP_INVOKE_AGENT:
-        input_tokens = _count(attributes.get(sc.GEN_AI_USAGE_INPUT_TOKENS))
-        output_tokens = _count(attributes.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS))
-        cost = _amount(attributes.get(sc.LLM_COST_TOTAL))
-    labels = _labels(attributes, {} if parsed is None else parsed)
+    input_tokens = attributes.get(sc.GEN_AI_USAGE_INPUT_TOKENS)
+    output_tokens = attributes.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)
+    cost = attributes.get(sc.LLM_COST_TOTAL)
+    # Most spans are no LLM call: checked further only when one of the three is there.
+    if input_tokens is not None or output_tokens is not None or cost is not None:
+        # An agent's span may repeat the usage of the calls inside it: only calls are summed.
+        if attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.GEN_AI_OP_INVOKE_AGENT:
+            input_tokens = output_tokens = cost = None
+        else:
+            input_tokens = _count(input_tokens)
+            output_tokens = _count(output_tokens)
+            cost = _amount(cost)
+    tags = attributes.get(sc.TAG_TAGS)
+    metadata = attributes.get(sc.METADATA)
+    labels = (
+        ()
+        if tags is None and metadata is None
+        else _labels(tags, metadata, {} if parsed is None else parsed)
+    )
     params = (
         span.trace_id,
         span.span_id,
@@ -323,29 +336,32 @@ def label_value(value: Any) -> str:
     return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
-def _labels(attributes: Mapping[str, Any], parsed: dict[str, Any]) -> tuple[tuple[str, str], ...]:
-    tags = attributes.get(sc.TAG_TAGS)
-    metadata = attributes.get(sc.METADATA)
-    if tags is None and metadata is None:
-        return ()
+def _labels(tags: Any, metadata: Any, parsed: dict[Any, Any]) -> tuple[tuple[str, str], ...]:
+    # Every span of a looptrace.attributes() block carries the same tags and metadata: their
+    # labels are made once per batch, and the one tuple shared by those spans.
+    key: Any = (tuple(tags) if isinstance(tags, (list, tuple)) else tags, metadata)
+    try:
+        cached: tuple[tuple[str, str], ...] | None = parsed.get(key)
+    except TypeError:  # an unhashable value in a foreign SDK's tags
+        cached, key = None, None
+    if cached is not None:
+        return cached
     out: list[tuple[str, str]] = []
     if isinstance(tags, str):
         out.append((TAG_LABEL, tags))
     elif isinstance(tags, (list, tuple)):
         out.extend((TAG_LABEL, str(t)) for t in tags)
     if isinstance(metadata, str):
-        # The same JSON text on every span of a block: parsed once per batch.
-        fields = parsed.get(metadata)
-        if fields is None:
-            try:
-                fields = orjson.loads(metadata)
-            except orjson.JSONDecodeError:
-                fields = {}
-            if len(parsed) < 256:
-                parsed[metadata] = fields
+        try:
+            fields = orjson.loads(metadata)
+        except orjson.JSONDecodeError:
+            fields = None
         if isinstance(fields, dict):
             out.extend((METADATA_LABEL_PREFIX + k, label_value(v)) for k, v in fields.items())
-    return tuple(out)
+    labels = tuple(out)
+    if key is not None and len(parsed) < 256:
+        parsed[key] = labels
+    return labels
 
 
 _BACKFILL_SPANS = """
