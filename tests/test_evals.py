@@ -357,7 +357,12 @@ async def test_manual_case_records_output_scores_and_swallows_errors() -> None:
     assert cases[2].attributes is not None
     assert cases[2].attributes[sc.SCORE_PREFIX + "half.comment"] == "why"
     assert cases[1].status_code == looptrace.StatusCode.ERROR
-    assert [c.name for c in spans.children(cases[0])] == ["_double"]
+    # The task's span, then one evaluation span per score.
+    assert [c.name for c in spans.children(cases[0])] == [
+        "_double",
+        "evaluation exact",
+        "evaluation half",
+    ]
 
 
 async def test_manual_case_lets_cancellation_through() -> None:
@@ -524,7 +529,7 @@ def test_trio_backend() -> None:
     assert peak == 2
     assert [r.scores["_exact"].value for r in exp.results] == [1.0] * 6
     for case in _cases(spans).values():
-        assert [c.name for c in spans.children(case)] == ["_double"]
+        assert [c.name for c in spans.children(case)] == ["_double", "evaluation _exact"]
 
 
 def test_run_experiment_from_sync_code() -> None:
@@ -575,7 +580,8 @@ async def test_spans_flow_without_a_flush_per_case(server: OtlpTestServer) -> No
     looptrace.configure(endpoint=server.url, flush_interval=5.0)
     async with looptrace.experiment("batched", quiet=True) as exp:
         await exp.run(_task, range(30), scorers=[_exact], concurrency=4)
-    expected = 1 + 30 + 29  # experiment span, case roots, one _double span per passing case
+    # experiment span, case roots, one _double span and one evaluation span per passing case
+    expected = 1 + 30 + 29 + 29
     assert server.accepted_span_count == expected
     assert server.request_count < 10
     summary = exp.summary()
@@ -695,7 +701,7 @@ def test_trio_run_sends_through_the_pipeline(server: OtlpTestServer) -> None:
     )
     assert exp.summary().flushed
     assert exp.summary().unsent == 0
-    assert server.span_names() == ["_double", "case 0", "trio-wire"]
+    assert server.span_names() == ["_double", "case 0", "evaluation _exact", "trio-wire"]
     assert exp.summary().worst_loop_lag_ms is None  # the lag monitor is asyncio-only
 
 

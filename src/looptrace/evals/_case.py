@@ -16,12 +16,18 @@ from typing import TYPE_CHECKING, Any
 from looptrace import LoopTraceError, NonRecordingSpan, Span, StatusCode
 
 from ._internals import (
+    ATTRIBUTES,
     CURRENT,
+    ContextAttributes,
     capture_inputs,
     capture_outputs,
     describe,
+    emit_score,
+    evaluation_attributes,
+    internal_error,
     is_cancellation,
     new_root,
+    new_time_ns,
     semconv,
 )
 from ._results import CaseResult, Score
@@ -61,12 +67,19 @@ class Case:
         self._scorer_errors: dict[str, str] = {}
         self._error: str | None = None
         self._token: Any = None
+        self._attributes_token: Any = None
         self._t0 = 0.0
         self._duration_ms: float | None = None
         self._finished = False
 
     def score(self, name: str, value: float | bool | Score, comment: str | None = None) -> None:
-        """Record a score on this case (a bool counts as 1.0 or 0.0)."""
+        """Record a score on this case (a bool counts as 1.0 or 0.0): on the case span, and as
+        an evaluation span under it (as ``looptrace.score`` makes)."""
+        self._score(name, value, comment, None)
+
+    def _score(
+        self, name: str, value: float | bool | Score, comment: str | None, start_ns: int | None
+    ) -> None:
         if isinstance(value, Score):
             comment = value.comment if comment is None else comment
             value = value.value
@@ -84,6 +97,14 @@ class Case:
             self.span.set_attribute(
                 semconv.SCORE_PREFIX + name + semconv.SCORE_COMMENT_SUFFIX, str(comment)
             )
+        if self.span.is_recording:
+            try:
+                evaluation = evaluation_attributes(
+                    name, number, None, None if comment is None else str(comment)
+                )
+                emit_score(self.span, name, evaluation, start_ns)
+            except Exception as exc:
+                internal_error("evals.score_span", exc)
 
     @property
     def scores(self) -> Mapping[str, Score]:
@@ -105,6 +126,11 @@ class Case:
             attributes[semconv.EXPECTED_VALUE] = self.expected
         if self.metadata:
             attributes[semconv.CASE_METADATA] = self.metadata
+        # The case's spans, its own included, carry the experiment's session and metadata
+        # with the case's index (see Experiment.__aenter__).
+        own = ContextAttributes(None, None, (), {"case_index": self.index})
+        outer = ATTRIBUTES.get()
+        self._attributes_token = ATTRIBUTES.set(own if outer is None else outer.merged(own))
         self.span = new_root(f"case {self.index}", attributes)
         self.span.add_link(exp.span.context)
         if self.span.is_recording:
@@ -141,13 +167,20 @@ class Case:
         except ValueError:
             # Left in another context than it was entered in: the case is over all the same.
             CURRENT.set(self.experiment.span)
+        try:
+            ATTRIBUTES.reset(self._attributes_token)
+        except ValueError:
+            ATTRIBUTES.set(self.experiment._attributes)
         if self.output is not None and capture_outputs():
             span.set_output(self.output)
         span.set_attribute(semconv.CASE_DURATION_MS, self._duration_ms)
-        tokens_in, tokens_out = _unwatch_tokens(span.trace_id)
+        tokens_in, tokens_out, cost = _unwatch_tokens(span.trace_id)
         if tokens_in or tokens_out:
             span.set_attribute(semconv.CASE_INPUT_TOKENS, tokens_in)
             span.set_attribute(semconv.CASE_OUTPUT_TOKENS, tokens_out)
+        if cost is not None:
+            # Summed at export (left out there when no call had a price).
+            span.set_attribute(semconv.CASE_COST_USD, cost)
         span.end()
         result = CaseResult(
             index=self.index,
@@ -163,6 +196,7 @@ class Case:
             trace_id=f"{span.trace_id:032x}",
             input_tokens=tokens_in,
             output_tokens=tokens_out,
+            _cost=cost,
         )
         self.experiment._record(result)
         return result
@@ -170,11 +204,13 @@ class Case:
     async def _apply(self, scorers: Sequence[_Scorer]) -> None:
         for scorer in scorers:
             try:
+                start_ns = new_time_ns()
                 value = scorer.call(self.input, self.output, self.expected, self.metadata)
                 if inspect.isawaitable(value):
                     value = await value
+                # Each result's evaluation span covers the scorer's run.
                 for name, score in _normalize(scorer.name, value):
-                    self.score(name, score)
+                    self._score(name, score, None, start_ns)
             except Exception as exc:
                 self._record_scorer_error(scorer.name, exc)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import importlib
 import os
 import sys
 import time
@@ -21,10 +22,25 @@ import anyio
 from looptrace import LoopTraceError, NonRecordingSpan, Span, flush, get_config, statistics
 
 from ._case import Case, _CaseBlock
-from ._internals import CURRENT, internal_error, new_root, new_trace_id, semconv
+from ._internals import (
+    ATTRIBUTES,
+    CURRENT,
+    ContextAttributes,
+    internal_error,
+    new_root,
+    new_trace_id,
+    semconv,
+)
 from ._progress import _isatty, _Progress
 from ._results import CaseResult, ExperimentSummary, _percentile, _summarize
 from ._running import _Backpressure, run_cases
+
+# anyio loads its asyncio backend on first use: inside the first experiment's run, on the event
+# loop, where the import would stall the user's loop. Loaded with this module instead.
+try:
+    importlib.import_module("anyio._backends._asyncio")
+except ImportError:  # another anyio layout: it loads the backend itself, as before
+    pass
 
 
 class _Phase(enum.Enum):
@@ -61,6 +77,8 @@ class Experiment:
         self._span: Span = NonRecordingSpan()
         self._id = ""
         self._token: Any = None
+        self._attributes: ContextAttributes | None = None
+        self._attributes_token: Any = None
         self._results: list[CaseResult] = []
         self._next_index = 0
         self._t0 = 0.0
@@ -70,7 +88,7 @@ class Experiment:
         self._unsent = 0
         self._flushed = False
         self._monitor: Any = None
-        self._final_lag: float | None = None
+        self._final_lag: Any = None
         self._backpressure = _Backpressure()
 
     @property
@@ -106,6 +124,7 @@ class Experiment:
         trace_id = self._span.trace_id or new_trace_id()
         self._id = f"{trace_id:032x}"
         self._span.set_attribute(semconv.EXPERIMENT_ID, self._id)
+        self._enter_attributes()
         self._token = CURRENT.set(self._span)
         self._start_monitor()
         self._t0 = time.perf_counter()
@@ -123,6 +142,10 @@ class Experiment:
             CURRENT.reset(self._token)
         except ValueError:
             CURRENT.set(None)
+        try:
+            ATTRIBUTES.reset(self._attributes_token)
+        except ValueError:
+            ATTRIBUTES.set(None)
         self._wall_s = time.perf_counter() - self._t0
         span = self._span
         span.set_attribute(semconv.EXPERIMENT_CASES, len(self._results))
@@ -132,7 +155,7 @@ class Experiment:
         if exc is not None:
             span.fail(exc)
         span.end()
-        self._final_lag = self._lag_ms()
+        self._final_lag = self._loop_figures()
         self._stop_monitor()
         # Cancelled or not, what the cases recorded is sent: the flush is shielded and has its
         # own deadline.
@@ -203,7 +226,7 @@ class Experiment:
         latencies = sorted(r.duration_ms for r in results if r.error != "cancelled")
         sent, dropped = self._final_stats if self._final_stats is not None else _counters()
         wall = self._wall_s if self._wall_s is not None else time.perf_counter() - self._t0
-        lag = self._final_lag if self._phase is _Phase.CLOSED else self._lag_ms()
+        loop = self._final_lag if self._phase is _Phase.CLOSED else self._loop_figures()
         return ExperimentSummary(
             name=self.name,
             id=self._id,
@@ -217,15 +240,39 @@ class Experiment:
             spans_sent=max(0, sent - self._stats0[0]),
             spans_dropped=max(0, dropped - self._stats0[1]),
             unsent=self._unsent,
-            worst_loop_lag_ms=lag,
+            worst_loop_lag_ms=float(loop.max_ms) if loop is not None else None,
             backpressure_waits=self._backpressure.waits,
             backpressure_wait_s=self._backpressure.wait_s,
             flushed=self._flushed,
             input_tokens=sum(r.input_tokens for r in results),
             output_tokens=sum(r.output_tokens for r in results),
+            loop=loop,
+            cost_usd=_total_cost(results),
         )
 
     # -- internals --
+
+    def _enter_attributes(self) -> None:
+        """Put the experiment's session and metadata in force for its span and its cases.
+
+        Each case is a trace of its own (the store and viewer read it so), which the
+        OpenInference backends show as unrelated roots: the experiment id as the session
+        (unless the application set one) groups the experiment's trace and its cases' traces
+        as one session there, and the metadata names the experiment (and, on a case's
+        spans, the case) for their filters."""
+        outer = ATTRIBUTES.get()
+        own = ContextAttributes(
+            None if outer is not None and outer.session_id is not None else self._id,
+            None,
+            tuple(self.tags),
+            {"experiment_id": self._id, "experiment_name": self.name},
+        )
+        values = own if outer is None else outer.merged(own)
+        self._attributes = values
+        # The span started before its id (its trace id) was known.
+        if self._span.is_recording:
+            self._span.context_attributes = values
+        self._attributes_token = ATTRIBUTES.set(values)
 
     def _check_open(self) -> None:
         if self._phase is not _Phase.OPEN:
@@ -260,11 +307,13 @@ class Experiment:
         except Exception as exc:
             internal_error("evals.monitor", exc)
 
-    def _lag_ms(self) -> float | None:
+    def _loop_figures(self) -> Any:
+        """The monitor's snapshot over the experiment's window so far (a LagSnapshot), or
+        None."""
         if self._monitor is None:
             return None
         try:
-            return float(self._monitor.snapshot().max_ms)
+            return self._monitor.snapshot()
         except Exception as exc:
             internal_error("evals.monitor", exc)
             return None
@@ -353,6 +402,15 @@ def run_experiment(
 
     anyio.run(main, backend=backend)
     return exp
+
+
+def _total_cost(results: list[CaseResult]) -> float | None:
+    total: float | None = None
+    for r in results:
+        cost = r.cost_usd
+        if cost is not None:
+            total = (total or 0.0) + cost
+    return total
 
 
 def _counters() -> tuple[int, int]:

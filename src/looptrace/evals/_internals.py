@@ -10,7 +10,11 @@ what is here has no public equivalent:
 - starting a root span whatever span is active, with the clock's ids (``_capture.start``, ``_clock``);
 - the active-span variable, set across ``__aenter__``/``__aexit__`` (``_capture.context``);
 - how a failure is described on a span (``_capture.spans``) and how an error inside looptrace is recorded
-  without reaching user code (``_errors``).
+  without reaching user code (``_errors``);
+- the ``looptrace.attributes`` values in force (``_capture.attributes``), which cases extend with
+  the experiment's session and metadata, and a value worked out at export (``Deferred``);
+- the evaluation span a score becomes (``_feedback``), which scorers' results share with
+  ``looptrace.score``.
 """
 
 from __future__ import annotations
@@ -23,21 +27,31 @@ from looptrace import NonRecordingSpan, Span
 from .. import _clock, _state
 from .. import _export as _export  # the wiring: spans need the sink it installs
 from .. import _semconv as semconv
+from .._capture.attributes import ATTRIBUTES, ContextAttributes
 from .._capture.context import CURRENT
+from .._capture.spans import Deferred
 from .._capture.spans import _describe as describe
 from .._capture.spans import _is_cancellation as is_cancellation
 from .._capture.start import start_root
 from .._errors import internal_error
+from .._feedback import emit as emit_score
+from .._feedback import evaluation_attributes
 
 __all__ = [
+    "ATTRIBUTES",
     "CURRENT",
+    "ContextAttributes",
+    "Deferred",
     "add_end_hook",
     "capture_inputs",
     "capture_outputs",
     "describe",
+    "emit_score",
+    "evaluation_attributes",
     "internal_error",
     "is_cancellation",
     "new_root",
+    "new_time_ns",
     "new_trace_id",
     "remove_end_hook",
     "semconv",
@@ -64,6 +78,11 @@ def remove_end_hook(hook: Callable[[Span], None]) -> None:
 def new_trace_id() -> int:
     # Looked up at each call: looptrace.testing swaps in deterministic ids.
     return _clock.new_trace_id()
+
+
+def new_time_ns() -> int:
+    # Looked up at each call: looptrace.testing swaps in a deterministic clock.
+    return _clock.now_ns()
 
 
 def new_root(name: str, attributes: dict[str, Any]) -> Span:
