@@ -1000,3 +1000,50 @@ def test_default_redaction_keeps_what_llm_applications_group_and_count_by() -> N
     assert out["llm.token_count.prompt"] == 12
     assert out["headers"] == {"Authorization": REDACTED, "X-Session-Token": REDACTED}
     assert out["access_token"] == REDACTED and out["token"] == REDACTED
+
+
+_json_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(10**6), 10**6), st.text(max_size=12)
+)
+_keys = st.sampled_from(
+    ["role", "content", "api_key", "Authorization", "prompt_tokens", "token", 'pass"word', "x\ny"]
+    + ["session_id", "X-Api-Key", "note", "accessToken", "token_count", "tokenizer", "{", ","]
+)
+_json_values = st.recursive(
+    _json_scalars,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(_keys, children, max_size=5),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json_values)
+def test_masking_the_text_gives_what_the_careful_walk_gives(value: Any) -> None:
+    """Redaction on orjson's text (Policy.mask) and the careful walk of the value agree, for
+    any nesting of secret and plain keys, escapes and values that look like keys; no
+    credential survives either."""
+    from looptrace._serialize.walk import _careful
+
+    pol = fresh_policy()
+    out = orjson.dumps(value)
+    masked = pol.mask(out)
+    assert masked is not None
+    assert orjson.loads(masked[0]) == orjson.loads(_careful(value, pol, out))
+
+
+def test_a_payload_with_a_credential_is_masked_without_the_careful_walk() -> None:
+    """A structure-heavy payload holding api_key and Authorization among thousands of plain
+    keys is masked in the text: the slow path is not taken, and nothing of the secrets goes
+    out."""
+    rows = records(2000)
+    value = {
+        "rows": rows,
+        "request": {"headers": {"Authorization": "Bearer sk-1"}, "api_key": {"k": "sk-2"}},
+    }
+    before = _serialize.stats["slow_paths"]
+    out = _serialize.to_json(value, CFG)
+    assert _serialize.stats["slow_paths"] == before
+    assert "sk-1" not in out and "sk-2" not in out
+    doc = json.loads(out)
+    assert doc["request"] == {"headers": {"Authorization": REDACTED}, "api_key": REDACTED}
+    assert doc["rows"] == rows

@@ -106,7 +106,11 @@ class KeyEnds:
         return self._state[0]
 
     def find_secret(
-        self, out: bytes, secret: Callable[[bytes], bool], step_bytes: int = 0
+        self,
+        out: bytes,
+        secret: Callable[[bytes], bool],
+        step_bytes: int = 0,
+        every: list[int] | None = None,
     ) -> Generator[None, None, bool | None]:
         """Whether some object key in ``out`` (orjson output) is secret by ``secret`` (which
         takes a key's raw text); None when too many keys were unknown to tell cheaply.
@@ -117,7 +121,10 @@ class KeyEnds:
         ``complete``).
 
         A plain key that comes back twice (in this output or an earlier one) is learned:
-        keys that never repeat, such as ids, are never compiled into the pattern."""
+        keys that never repeat, such as ids, are never compiled into the pattern.
+
+        With ``every``, the scan goes on past a secret key: the position of each secret key's
+        closing quote is appended to it (what masking in the text needs)."""
         # A reversed slice copies in one pass: half the time of a bytearray copied, then
         # reversed in place (70 against 126 us for 166 KB).
         rev = out[::-1]
@@ -144,6 +151,9 @@ class KeyEnds:
             pos = p + 2
             raw = key_ending_at(out, n - 2 - p)
             if secret(raw):
+                if every is not None:
+                    every.append(n - 2 - p)
+                    continue
                 yield from self._finish(rebuilt, repeated, step_bytes)
                 return True
             if len(raw) <= _KNOWN_KEY_BYTES:
@@ -171,7 +181,7 @@ class KeyEnds:
                 yield from self._finish(rebuilt, repeated, step_bytes)
                 return None
         yield from self._finish(rebuilt, repeated, step_bytes)
-        return False
+        return bool(every)
 
     def _finish(
         self, rebuilt: bool, repeated: dict[bytes, None], step_bytes: int

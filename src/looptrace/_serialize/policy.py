@@ -14,10 +14,11 @@ from ._common import (
     _HARD_DEPTH,
     _QUOTE_PROBE_BYTES,
     _REGEX_GATE_BYTES,
+    REDACTED,
     complete,
 )
 from .convert import _convert
-from .keys import KeyEnds, _escaped
+from .keys import KeyEnds, _escaped, key_ending_at
 
 if TYPE_CHECKING:
     from .._config import Config
@@ -212,8 +213,110 @@ class Policy:
                 p = find(needle, p + 1)
         return False
 
+    def mask(self, out: bytes) -> tuple[bytes, int] | None:
+        """``out`` (orjson's compact output) with the value of every secret key replaced by
+        ``"<redacted>"``, and how many were; None when the text does not read as expected
+        (the caller then takes the careful walk).
+
+        Redaction works on the text orjson already wrote, never by a second walk of the value
+        in Python: a payload holding a secret key costs about what a clean one costs. The
+        secret keys are found by the key scan (:class:`~.keys.KeyEnds`, which skips the keys
+        it learned plain in C), or, where keys do not repeat, from the redaction words; each
+        is checked by the exact rule. Its value ends where its string, its brackets or its
+        scalar end."""
+        found: list[int] = []
+        try:
+            scanned = complete(self._key_ends.find_secret(out, self._secret_raw, 0, found))
+        except Exception:
+            scanned = None
+        ends = set(found) if scanned is not None else self._word_key_ends(out)
+        if not ends:
+            return out, 0
+        pieces = []
+        last = 0
+        count = 0
+        for q in sorted(ends):
+            start = q + 2
+            if start <= last:
+                continue  # inside a value already masked
+            end = _value_end(out, start)
+            if end is None:
+                return None
+            pieces.append(out[last:start])
+            pieces.append(REDACTED_JSON)
+            last = end
+            count += 1
+        pieces.append(out[last:])
+        return b"".join(pieces), count
+
+    def _word_key_ends(self, out: bytes) -> set[int]:
+        """Every secret key's closing quote, found from the redaction words (for output whose
+        keys do not repeat enough for the key scan)."""
+        low = out.lower()
+        ends: set[int] = set()
+        for needle, words in self._needles:
+            p = low.find(needle)
+            while p != -1:
+                # As the word scan: a word at word boundaries (so max_tokens, prompt_tokens
+                # cost one regex attempt in C, not a key read back in Python).
+                hit = _boundary_before(out, p) and any(w.pattern.match(out, p) for w in words)
+                q = _closing_quote(out, p) if hit else None
+                if (
+                    q is not None
+                    and out[q + 1 : q + 2] == b":"
+                    and q not in ends
+                    and self._secret_raw(key_ending_at(out, q))
+                ):
+                    ends.add(q)
+                p = low.find(needle, p + 1)
+        return ends
+
     def _default(self, obj: Any) -> Any:
         return _convert(obj, self)
+
+
+REDACTED_JSON = orjson.dumps(REDACTED)
+_STRUCTURE = re.compile(rb'["{}\[\]]')
+_SCALAR_END = re.compile(rb"[,}\]]")
+
+
+def _closing_quote(out: bytes, pos: int) -> int | None:
+    """The first unescaped quote at or after ``pos``."""
+    q = out.find(b'"', pos)
+    while q != -1 and _escaped(out, q):
+        q = out.find(b'"', q + 1)
+    return None if q == -1 else q
+
+
+def _value_end(out: bytes, i: int) -> int | None:
+    """Where the JSON value starting at ``i`` of orjson's compact output ends."""
+    if i >= len(out):
+        return None
+    c = out[i]
+    if c == 34:  # a string
+        q = _closing_quote(out, i + 1)
+        return None if q is None else q + 1
+    if c == 123 or c == 91:  # an object or an array: to its matching bracket
+        depth = 0
+        j = i
+        while True:
+            m = _STRUCTURE.search(out, j)
+            if m is None:
+                return None
+            j = m.start()
+            ch = out[j]
+            if ch == 34:
+                q = _closing_quote(out, j + 1)
+                if q is None:
+                    return None
+                j = q + 1
+                continue
+            depth += 1 if ch == 123 or ch == 91 else -1
+            j += 1
+            if depth == 0:
+                return j
+    m = _SCALAR_END.search(out, i)
+    return len(out) if m is None else m.start()
 
 
 def _needles(words: tuple[_Word, ...]) -> tuple[tuple[bytes, tuple[_Word, ...]], ...]:

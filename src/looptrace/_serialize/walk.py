@@ -188,13 +188,11 @@ def _dumps(value: Any, pol: Policy, keys_clean: bool = False) -> bytes:
     ``keys_clean``: a walk of ``value`` already showed it holds no secret key (see
     :func:`plan`), so the output is not scanned for one (and every key is a str)."""
     out = _fast(value, pol, keys_clean)
-    if (
-        out is not None
-        and len(out) <= pol.max_value_bytes
-        and (keys_clean or not (pol.redact and pol.maybe_secret(out)))
-    ):
+    if out is None or len(out) > pol.max_value_bytes:
+        return _careful(value, pol, out)
+    if keys_clean or not (pol.redact and pol.maybe_secret(out)):
         return out
-    return _careful(value, pol, out)
+    return _redacted(value, pol, out)
 
 
 def dumps_or_steps(
@@ -211,7 +209,21 @@ def dumps_or_steps(
         return out
     if len(out) >= _STEP_FROM_BYTES:
         return _scanned_in_steps(value, pol, out, step_bytes)
-    return _careful(value, pol, out) if pol.maybe_secret(out) else out
+    return _redacted(value, pol, out) if pol.maybe_secret(out) else out
+
+
+def _redacted(value: Any, pol: Policy, out: bytes) -> bytes:
+    """``out`` with the values of its secret keys masked in the text (see
+    :meth:`Policy.mask`); the careful walk where the text cannot be masked that way."""
+    try:
+        masked = pol.mask(out)
+    except Exception:
+        masked = None
+    if masked is None or len(masked[0]) > pol.max_value_bytes:
+        return _careful(value, pol, out)
+    if masked[1]:
+        stats["redactions"] += masked[1]
+    return masked[0]
 
 
 def _scanned_in_steps(
@@ -219,7 +231,8 @@ def _scanned_in_steps(
 ) -> Generator[None, None, bytes]:
     yield
     if (yield from pol.maybe_secret_steps(out, step_bytes)):
-        return _careful(value, pol, out)
+        yield  # masking is a step of its own
+        return _redacted(value, pol, out)
     return out
 
 
