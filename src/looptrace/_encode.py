@@ -27,8 +27,17 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from . import _otlp, _serialize
+from ._capture.attributes import ContextAttributes
 from ._capture.spans import UNSET, CallSite, Span
-from ._semconv import INPUT_MIME_TYPE, INPUT_VALUE, OUTPUT_MIME_TYPE, OUTPUT_VALUE
+from ._semconv import (
+    INPUT_MIME_TYPE,
+    INPUT_VALUE,
+    OI_CHAIN,
+    OPENINFERENCE_SPAN_KIND,
+    OUTPUT_MIME_TYPE,
+    OUTPUT_VALUE,
+)
+from ._serialize.spans import _context_attributes
 from ._wire import AttrValue, WireSpan
 
 if TYPE_CHECKING:
@@ -97,6 +106,30 @@ class _SiteBlock:
         self.text_len = sum(len(v) for _, v in items if type(v) is str)
 
 
+class _SharedBlock:
+    """A ``looptrace.attributes`` block's attributes (session, user, tags, metadata), encoded
+    once per policy for every span started inside it."""
+
+    __slots__ = ("encoded", "keys", "text_len")
+
+    def __init__(self, shared: ContextAttributes, pol: _serialize.Policy) -> None:
+        items = list(_context_attributes(shared, pol))
+        parts: list[bytes] = []
+        _span_attributes(items, parts)
+        self.encoded = b"".join(parts)
+        self.keys = frozenset(k for k, _ in items)
+        self.text_len = sum(len(v) for _, v in items if type(v) is str)
+
+
+def _chain_piece() -> bytes:
+    parts: list[bytes] = []
+    _span_attributes([(OPENINFERENCE_SPAN_KIND, OI_CHAIN)], parts)
+    return b"".join(parts)
+
+
+# What looptrace's own spans say when they name no kind (as _serialize.spans writes it).
+_CHAIN = _chain_piece()
+
 _BLOCKS_MAX = 4096
 
 
@@ -104,7 +137,16 @@ class SpanEncoder:
     """:meth:`plan` and :meth:`encode` for one configuration (what a drain needs, looked up
     once instead of once per span)."""
 
-    __slots__ = ("_blocks", "cfg", "encoding", "global_hooks", "max_span_bytes", "pol", "threshold")
+    __slots__ = (
+        "_blocks",
+        "_shared",
+        "cfg",
+        "encoding",
+        "global_hooks",
+        "max_span_bytes",
+        "pol",
+        "threshold",
+    )
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -114,6 +156,7 @@ class SpanEncoder:
         self.global_hooks = cfg.process_inputs is not None or cfg.process_outputs is not None
         self.max_span_bytes = cfg.max_span_bytes
         self._blocks: dict[CallSite, _SiteBlock] = {}
+        self._shared: dict[ContextAttributes, _SharedBlock] = {}
 
     def plan(self, span: Span) -> int:
         """One bounded walk over a span's values, deciding how it is serialized.
@@ -256,17 +299,26 @@ class SpanEncoder:
             span.end_ns,
         )
         text_len = 0
+        shared = span.context_attributes
+        if shared is not None:
+            sblock = self._shared.get(shared) or self._shared_block(shared)
+            parts.append(sblock.encoded)
+            text_len = sblock.text_len
         if site is not None:
             block = self._blocks.get(site) or self._site_block(site)
+            if shared is not None and not sblock.keys.isdisjoint(block.keys):
+                return None  # an override, in the overridden attribute's place (as below)
             if block.counts:
                 _serialize.stats.update(block.counts)
             parts.append(block.encoded)
-            text_len = block.text_len
+            text_len += block.text_len
         attributes = span.attributes
         if attributes:
-            if site is not None and not block.keys.isdisjoint(attributes):
-                # The span overrides one of its decorator's attributes, in that attribute's
-                # place: the general route keeps that order.
+            if (site is not None and not block.keys.isdisjoint(attributes)) or (
+                shared is not None and not sblock.keys.isdisjoint(attributes)
+            ):
+                # The span overrides one of its decorator's (or its block's) attributes, in
+                # that attribute's place: the general route keeps that order.
                 return None
             own: dict[str, AttrValue] = {}
             _serialize._attributes(attributes, pol, own)
@@ -275,6 +327,13 @@ class SpanEncoder:
                 if type(v) is str:
                     text_len += len(v)
             _span_attributes(items, parts)
+        if (
+            span.scope is None
+            and (not attributes or OPENINFERENCE_SPAN_KIND not in attributes)
+            and (site is None or OPENINFERENCE_SPAN_KIND not in block.keys)
+        ):
+            parts.append(_CHAIN)
+            text_len += len(OI_CHAIN)
         inputs, output = span.inputs, span.output
         if flags & HOOKED:
             (has_in, inputs), (has_out, output) = _serialize._payloads(span, self.cfg)
@@ -309,6 +368,13 @@ class SpanEncoder:
         else:
             parts.append(_FLAGS[span.parent_is_remote])
         return b"".join(parts)
+
+    def _shared_block(self, shared: ContextAttributes) -> _SharedBlock:
+        blocks = self._shared
+        if len(blocks) >= _BLOCKS_MAX:
+            blocks.clear()
+        block = blocks[shared] = _SharedBlock(shared, self.pol)
+        return block
 
     def _site_block(self, site: CallSite) -> _SiteBlock:
         blocks = self._blocks
