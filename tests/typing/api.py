@@ -48,6 +48,26 @@ class Thing:
         return x > 0
 
 
+@looptrace.attributes(session_id="s", tags=["beta"])
+def in_session(a: int) -> str:
+    return str(a)
+
+
+@looptrace.attributes(user_id="u", metadata={"plan": "pro"})
+async def in_session_async(a: int) -> bytes:
+    return b""
+
+
+@looptrace.attributes(session_id="s")
+def in_session_gen(n: int) -> Iterator[int]:
+    yield n
+
+
+@looptrace.traced(as_type="tool")
+def tool(query: str) -> list[str]:
+    return [query]
+
+
 async def check() -> None:
     assert_type(plain(1), float)
     assert_type(plain(1, b="y"), float)
@@ -67,3 +87,17 @@ async def check() -> None:
     plain("wrong")  # type: ignore[arg-type]
     assert_type(looptrace.instrument_openai(), None)
     assert_type(looptrace.uninstrument_anthropic(object()), None)
+    assert_type(in_session(1), str)
+    assert_type(await in_session_async(1), bytes)
+    assert_type(in_session_gen(1), Iterator[int])
+    in_session("wrong")  # type: ignore[arg-type]
+    assert_type(tool("q"), list[str])
+    with looptrace.attributes(session_id="s", user_id="u", tags=("a",), metadata={"k": 1}):
+        pass
+    async with looptrace.attributes(tags=["a"]):
+        pass
+    with looptrace.span("step", as_type="agent") as s3:
+        assert_type(looptrace.score(s3, "helpful", True), looptrace.SpanContext | None)
+    looptrace.score(s3.context, "tone", label="warm", comment="why")
+    looptrace.score("00-" + "a" * 32 + "-" + "b" * 16 + "-01", "x", 0.5)
+    looptrace.score(s3, "x", "high")  # type: ignore[arg-type]
