@@ -94,6 +94,12 @@ class Config:
     shutdown_timeout: float = 5.0
     send_in_progress: bool | None = None
     in_progress_after: float = 5.0
+    # -- spool (OTLP endpoints only): what could not be sent, on disk for a later process --
+    spool: bool = True
+    spool_dir: Path | None = None  # None: a "spool" folder next to the local store's file
+    spool_max_bytes: int = 256 * 1024 * 1024
+    spool_max_age_hours: float = 72.0
+    spool_durable: bool = False
     # -- local store --
     store_path: Path = dataclasses.field(default_factory=default_store_path)
     store_max_age_days: float | None = 30.0
@@ -121,6 +127,8 @@ class Config:
             "max_buffer_bytes",
             "backpressure_bytes",
             "offload_threshold_bytes",
+            "spool_max_bytes",
+            "spool_max_age_hours",
         ):
             _check(getattr(self, name) > 0, f"{name} must be positive", name)
         for name in (
@@ -178,6 +186,11 @@ class Config:
         if self.send_in_progress is not None:
             return self.send_in_progress
         return self.endpoint is None
+
+    @property
+    def spool_path(self) -> Path:
+        """The spool's folder (each endpoint has a folder of its own inside it)."""
+        return self.spool_dir if self.spool_dir is not None else self.store_path.parent / "spool"
 
     def replace(self, **changes: Any) -> Config:
         """A copy with some settings changed (validated again)."""
@@ -293,6 +306,11 @@ class Config:
         put("shutdown_timeout", _float, "LOOPTRACE_SHUTDOWN_TIMEOUT")
         put("send_in_progress", _bool, "LOOPTRACE_SEND_IN_PROGRESS")
         put("in_progress_after", _float, "LOOPTRACE_IN_PROGRESS_AFTER")
+        put("spool", _bool, "LOOPTRACE_SPOOL")
+        put("spool_dir", _path, "LOOPTRACE_SPOOL_DIR")
+        put("spool_max_bytes", _int, "LOOPTRACE_SPOOL_MAX_BYTES")
+        put("spool_max_age_hours", _float, "LOOPTRACE_SPOOL_MAX_AGE_HOURS")
+        put("spool_durable", _bool, "LOOPTRACE_SPOOL_DURABLE")
         put("store_path", _path, "LOOPTRACE_STORE")
         put("store_max_age_days", _float, "LOOPTRACE_STORE_MAX_AGE_DAYS")
         put("store_max_bytes", _int, "LOOPTRACE_STORE_MAX_BYTES")

@@ -188,6 +188,8 @@ def _prepare(cfg: Config) -> None:
         from .._transport.settings import HttpSettings
         from . import otlp_http  # noqa: F401
 
+        if cfg.spool:
+            from . import spool  # noqa: F401
         load_client(HttpSettings.from_config(cfg))
     else:
         # The pipeline is built when the first span starts, on the caller's thread: importing
@@ -366,18 +368,29 @@ def _at_exit() -> None:
 
 
 def _report_lost(pipeline: Pipeline, result: FlushResult) -> None:
-    lost = sum(result.dropped.values())
-    if lost:
-        # logging's last-resort handler prints this to stderr even when logging is not set up.
-        # Where to and why, never the headers (they carry API keys).
-        where = pipeline.cfg.endpoint or f"the local store {pipeline.cfg.store_path}"
-        logger.warning(
-            "looptrace: %d span(s) could not be sent to %s before exit (%s)%s",
-            lost,
-            where,
-            ", ".join(f"{k}={v}" for k, v in result.dropped.items() if v),
-            f"; last error: {pipeline.last_error}" if pipeline.last_error else "",
+    lost = result.lost
+    if not lost and not result.spooled:
+        return
+    # logging's last-resort handler prints this to stderr even when logging is not set up.
+    # Where to and why, never the headers (they carry API keys).
+    where = pipeline.cfg.endpoint or f"the local store {pipeline.cfg.store_path}"
+    reasons = ", ".join(f"{k}={v}" for k, v in result.dropped.items() if v)
+    said = f"({reasons})"
+    if result.spooled:
+        assert pipeline.spool is not None
+        said = (
+            f"({reasons}, spooled={result.spooled})" if lost else f"(spooled={result.spooled})"
+        ) + (
+            f"; kept in the spool at {pipeline.spool.where} for the next looptrace process "
+            "that exports there (or `looptrace spool send`)"
         )
+    logger.warning(
+        "looptrace: %d span(s) could not be sent to %s before exit %s%s",
+        lost + result.spooled,
+        where,
+        said,
+        f"; last error: {pipeline.last_error}" if pipeline.last_error else "",
+    )
 
 
 def shutdown_on_signal(*signals: int) -> None:

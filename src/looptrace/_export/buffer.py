@@ -57,6 +57,7 @@ class Batch:
     __slots__ = (
         "attempts",
         "chunks",
+        "file",
         "first_failure",
         "hi",
         "lo",
@@ -76,6 +77,7 @@ class Batch:
         self.lost = 0  # spans in [lo, hi) that failed to encode (already counted as dropped)
         self.first_failure: float | None = None
         self.attempts = 0
+        self.file: str | None = None  # its spool file while it is in flight (durable spool)
 
     @property
     def span_count(self) -> int:
@@ -119,6 +121,7 @@ class Buffer:
         self.dropped: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
         self.spans_sent = 0
         self.records_sent = 0
+        self.spooled_spans = 0  # written to the spool instead of being dropped
         # When the producer leaves the fast path: count or bytes past these.
         self._armed = True  # the next crossing calls on_crossing (cleared when it does)
         self._idle_wake = 1  # the flusher is idle: the first span is a crossing
@@ -331,6 +334,31 @@ class Buffer:
         if batch.span_count:
             self._on_drop(reason, batch.span_count)
         return batch.span_count
+
+    def spooled(self, batch: Batch) -> int:
+        """An in-flight batch is in the spool now: resolved, neither sent nor dropped."""
+        with self._lock:
+            if not self._remove_in_flight(batch):
+                return 0
+            self.spooled_spans += batch.span_count
+        return batch.span_count
+
+    def take_everything(self) -> tuple[list[Span], list[Batch]]:
+        """Everything still held, oldest first, out of the buffer (to go to the spool): the
+        raw spans pending, and the batches waiting for a retry or in flight (still counted as
+        in flight until :meth:`spooled` or :meth:`drop`)."""
+        with self._lock, self._push_lock:
+            spans = [span for span, _ in self._q]
+            self._out_count += len(self._q)
+            self._out_bytes = self._in_bytes
+            self._q.clear()
+            for batch in self._retry:
+                self._add_in_flight(batch)
+            self._retry.clear()
+            self._retry_spans = self._retry_bytes = 0
+            self._rearm_thresholds()
+            batches = sorted(self._in_flight.values(), key=lambda b: b.lo)
+        return spans, batches
 
     def count_drop(self, reason: str, count: int) -> None:
         """Spans lost outside any batch (they failed to encode)."""

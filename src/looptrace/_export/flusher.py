@@ -42,6 +42,7 @@ from .stats import DropLog
 if TYPE_CHECKING:
     from .._capture.spans import Span
     from .._config import Config
+    from .spool import Spool
 
 logger = logging.getLogger("looptrace")
 
@@ -53,6 +54,9 @@ ON_LOOP_END: list[LoopHook] = []
 
 class Flusher:
     """One buffer, its flusher task(s), and the exporter they hand batches to."""
+
+    spool: Spool | None = None  # where what cannot be sent goes (see .spool)
+    _longest_wait = float("inf")  # of a backoff wait (durable spool: the flush interval)
 
     def __init__(
         self, cfg: Config, exporter: Exporter, retry_policy: RetryPolicy | None = None
@@ -293,7 +297,7 @@ class Flusher:
             event.clear()
             now = time.monotonic()
             if self.health.retry_at > now:
-                await wait_event(event, self.health.retry_at - now)
+                await wait_event(event, min(self.health.retry_at - now, self._longest_wait))
                 event.clear()
             home.urgent = False
             await self._drain(home)
@@ -301,8 +305,9 @@ class Flusher:
     async def _drain(self, home: Home) -> None:
         """Send everything pending now, as slots free up; never wait for a request otherwise."""
         assert home.slots is not None
-        slots = home.slots
-        cfg = self.cfg
+        slots, cfg = home.slots, self.cfg
+        if self.spool is not None:
+            await self.spool.relieve()
         if self._roots and cfg.sends_in_progress:
             records = self._roots.batch(self.exporter, self.buffer)
             if records is not None:
@@ -427,7 +432,12 @@ class Flusher:
     async def _send_once(self, home: Home, batch: Batch) -> bool:
         if home.session is None:
             home.session = self.exporter.session()
-        wake = self._answered(batch, await home.session.export(batch.chunks))
+        if self.spool is not None:
+            await self.spool.before_send(batch)
+        outcome = await home.session.export(batch.chunks)
+        wake = self._answered(batch, outcome)
+        if batch.file is not None and self.spool is not None:
+            await self.spool.settled(batch, outcome)
         # After a span that travelled alone (a worker sent it), the next goes at once: its
         # request costs this loop nothing, and large spans sent as they come keep the copying
         # into the workers' pipes spread out. Gathered, they went in bursts that took both
@@ -463,7 +473,7 @@ class Flusher:
         if given_up is None:
             batch.attempts += 1
             self.buffer.returned(batch)
-        else:
+        elif self.spool is None or not self.spool.store(batch, given_up):
             self.buffer.drop(batch, given_up)
 
     def _rejected(self, batch: Batch, outcome: Outcome) -> None:
@@ -476,23 +486,6 @@ class Flusher:
                 outcome.detail or "no detail",
             )
         self.buffer.drop(batch, "rejected")
-
-    # ------------------------------------------------------------------ reading
-    @property
-    def requests_sent(self) -> int:
-        return self.health.requests_sent
-
-    @property
-    def requests_failed(self) -> int:
-        return self.health.requests_failed
-
-    @property
-    def retries(self) -> int:
-        return self.health.retries
-
-    @property
-    def last_error(self) -> str | None:
-        return self.health.last_error
 
     # ------------------------------------------------------------------ waiting and notifying
     def _notify(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from .._transport import RetryPolicy, Transport
 from .exporter import Exporter
 from .flusher import Flusher, ignore
 from .homes import Home, Waiter, running_asyncio_loop, wait_future
-from .stats import FlushResult, Statistics
+from .stats import FlushResult, SpoolStatistics, Statistics
 
 if TYPE_CHECKING:
     from .._config import Config
@@ -56,6 +57,22 @@ class Pipeline(Flusher):
     ) -> None:
         super().__init__(cfg, exporter or default_exporter(cfg, transport_factory), retry_policy)
         self._quiet = False  # the exit reports what was lost in one line of its own
+        self.shutting_down = False  # shutdown began: a backend that fails is not waited for
+        # Only OTLP endpoints have a spool: the local store is on this machine's disk already.
+        # (An OTLP exporter means its module is loaded: the store's pipeline never imports it.)
+        otlp = sys.modules.get(f"{__package__}.otlp_http")
+        if (
+            cfg.spool
+            and cfg.endpoint is not None
+            and otlp is not None
+            and isinstance(self.exporter, otlp.OtlpHttpExporter)
+        ):
+            from .spool import Spool
+
+            self.spool = Spool(cfg, self.exporter, self)
+            if cfg.spool_durable:
+                # A backoff never holds pending spans in memory longer than a flush interval.
+                self._longest_wait = cfg.flush_interval
 
     def _kick(self, urgent: bool) -> Home:
         home = self._home
@@ -64,15 +81,23 @@ class Pipeline(Flusher):
         home.kick(urgent)
         return home
 
-    def _counters(self) -> tuple[int, dict[str, int]]:
-        return self.buffer.spans_sent, dict(self.buffer.dropped)
+    def _counters(self) -> tuple[int, dict[str, int], int, int]:
+        replayed = self.spool.replayed if self.spool is not None else 0
+        return (
+            self.buffer.spans_sent,
+            dict(self.buffer.dropped),
+            self.buffer.spooled_spans,
+            replayed,
+        )
 
-    def _result(self, before: tuple[int, dict[str, int]], target: int) -> FlushResult:
-        sent, dropped = self._counters()
+    def _result(self, before: tuple[int, dict[str, int], int, int], target: int) -> FlushResult:
+        sent, dropped, spooled, replayed = self._counters()
         return FlushResult(
             sent=sent - before[0],
             dropped={k: v - before[1].get(k, 0) for k, v in dropped.items()},
             pending=self.buffer.unresolved_before(target),
+            spooled=spooled - before[2],
+            replayed=replayed - before[3],
         )
 
     async def flush(self, timeout: float | None = None) -> FlushResult:
@@ -223,6 +248,8 @@ class Pipeline(Flusher):
         """Everything still held is dropped now; say so once."""
         if self._closed.is_set():
             return
+        if self.spool is not None:
+            self.spool.close()  # what is still held goes to the spool
         pending = self.buffer.drop_pending("shutdown")
         in_flight = self.buffer.drop_in_flight("shutdown")
         self._closed.set()
@@ -248,6 +275,7 @@ class Pipeline(Flusher):
         if quiet:
             self._quiet = True
             self._drops.mute()
+        self.shutting_down = True
         self.health.closing()
         timeout = self.cfg.shutdown_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
@@ -265,6 +293,7 @@ class Pipeline(Flusher):
 
     async def shutdown(self, timeout: float | None = None) -> FlushResult:
         """Async twin of :meth:`shutdown_sync`; never blocks the loop."""
+        self.shutting_down = True
         self.health.closing()
         timeout = self.cfg.shutdown_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
@@ -299,6 +328,22 @@ class Pipeline(Flusher):
                 pass
 
     # ------------------------------------------------------------------ reading
+    @property
+    def requests_sent(self) -> int:
+        return self.health.requests_sent
+
+    @property
+    def requests_failed(self) -> int:
+        return self.health.requests_failed
+
+    @property
+    def retries(self) -> int:
+        return self.health.retries
+
+    @property
+    def last_error(self) -> str | None:
+        return self.health.last_error
+
     def statistics(self) -> Statistics:
         b = self.buffer
         return Statistics(
@@ -314,4 +359,18 @@ class Pipeline(Flusher):
             last_error=self.last_error,
             internal_errors=dict(_errors.counts),
             offload=self.exporter.offload_statistics(),
+            spooled=b.spooled_spans,
+            replayed=self.spool.replayed if self.spool is not None else 0,
+            spool=self._spool_statistics(),
+        )
+
+    def _spool_statistics(self) -> SpoolStatistics:
+        spool = self.spool
+        if spool is None:
+            return SpoolStatistics()
+        return SpoolStatistics(
+            directory=spool.where,
+            spooled=self.buffer.spooled_spans,
+            replayed=spool.replayed,
+            dropped=spool.dropped(),
         )

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from .buffer import DROP_REASONS
 
-__all__ = ["DropLog", "FlushResult", "OffloadStatistics", "Statistics"]
+__all__ = ["DropLog", "FlushResult", "OffloadStatistics", "SpoolStatistics", "Statistics"]
 
 logger = logging.getLogger("looptrace")
 
@@ -34,6 +34,22 @@ class OffloadStatistics:
 
 
 @dataclasses.dataclass(frozen=True)
+class SpoolStatistics:
+    """The spool on disk (``looptrace.statistics().spool``): where it is (None: no spool, as
+    for the local store or with ``LOOPTRACE_SPOOL=false``), what this process wrote to it and
+    sent from it, and what it removed from it unsent, by reason: ``spool_full`` (past
+    ``LOOPTRACE_SPOOL_MAX_BYTES``, oldest first), ``spool_expired`` (older than
+    ``LOOPTRACE_SPOOL_MAX_AGE_HOURS``), ``corrupt`` (set aside in ``corrupt/``), ``rejected``
+    (the backend refused a replayed request for good). Spans of other processes' files count
+    in the process that removed them."""
+
+    directory: str | None = None
+    spooled: int = 0
+    replayed: int = 0
+    dropped: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
 class Statistics:
     """A snapshot of the pipeline's counters (``looptrace.statistics()``)."""
 
@@ -51,6 +67,10 @@ class Statistics:
     last_error: str | None = None
     internal_errors: Mapping[str, int] = dataclasses.field(default_factory=dict)
     offload: OffloadStatistics = dataclasses.field(default_factory=OffloadStatistics)
+    # Written to the spool instead of being dropped (not sent, not lost), and sent from it.
+    spooled: int = 0
+    replayed: int = 0
+    spool: SpoolStatistics = dataclasses.field(default_factory=SpoolStatistics)
 
     @property
     def dropped_total(self) -> int:
@@ -61,18 +81,28 @@ class Statistics:
 class FlushResult:
     """What a flush achieved for the spans that had ended before it was called.
 
-    ``sent`` and ``dropped`` count what happened while the call waited (spans of other batches
-    included); ``pending`` is how many of the awaited spans were still unsent at return.
+    ``sent``, ``dropped``, ``spooled`` and ``replayed`` count what happened while the call
+    waited (spans of other batches included); ``pending`` is how many of the awaited spans
+    were still unsent at return. A spooled span is neither sent nor lost: it waits on disk
+    for a later delivery.
     """
 
     sent: int
     dropped: Mapping[str, int]
     pending: int
+    spooled: int = 0
+    replayed: int = 0
 
     @property
     def ok(self) -> bool:
-        """True when every awaited span was sent and nothing was dropped meanwhile."""
-        return self.pending == 0 and not any(self.dropped.values())
+        """True when every awaited span was delivered: none pending, none dropped and none
+        spooled meanwhile (a spooled span is kept, but not delivered yet)."""
+        return self.pending == 0 and self.spooled == 0 and not any(self.dropped.values())
+
+    @property
+    def lost(self) -> int:
+        """Spans dropped meanwhile: gone for good (spooled ones are not)."""
+        return sum(self.dropped.values())
 
 
 class DropLog:
