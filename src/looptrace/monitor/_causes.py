@@ -11,8 +11,10 @@ at all. The monitor's watchdog thread looks every few milliseconds; each look no
 and the process's CPU time (``time.process_time``). A gap between two looks that is longer than
 the watchdog asked for, during which the process used less CPU than the extra time, is time the
 process did not run. (A ``time.sleep`` on the loop leaves the watchdog on time; a C call or a
-collection holding the GIL makes it late, but the process burns CPU all along.) Portable: only
-``perf_counter``, ``process_time`` and a thread.
+collection holding the GIL makes it late, but the process burns CPU all along.) On a busy machine
+every wake-up comes a little late, the loop's own included: the watchdog's usual lateness (the
+median of its recent looks) is that noise, and only a gap well past it is a pause, less the
+noise. Portable: only ``perf_counter``, ``process_time`` and a thread.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ _MIN_GC_NOTED = 0.0005
 # A collection this long records where it was triggered (one stack walk, rare).
 _GC_WHERE = 0.005
 _RING = 128
+# The watchdog's usual lateness is the median of this many recent looks; a gap counts as a pause
+# only past this many times it.
+_NOISE_LOOKS = 32
+_NOISE_FACTOR = 3.0
 
 
 class _GcLog:
@@ -103,7 +109,7 @@ GC_LOG = _GcLog()
 class _Beats:
     """The watchdog's looks, and the pauses they found: where the process did not run."""
 
-    __slots__ = ("last", "pauses", "period")
+    __slots__ = ("last", "noise", "pauses", "period", "recent")
 
     def __init__(self) -> None:
         # (perf_counter, process_time) of the last look: one tuple, so a reader on another
@@ -111,14 +117,23 @@ class _Beats:
         self.last = (_perf(), _cpu())
         self.period = 0.025
         self.pauses: collections.deque[tuple[float, float]] = collections.deque(maxlen=_RING)
+        # How late the recent looks came (s), and their median: the machine's wake-up noise.
+        self.recent: collections.deque[float] = collections.deque(maxlen=_NOISE_LOOKS)
+        self.noise = 0.0
 
     def beat(self, period: float) -> None:
         """A look by the watchdog, which asked to sleep ``period`` seconds since the last one."""
         now, cpu = _perf(), _cpu()
         (then, then_cpu), self.last = self.last, (now, cpu)
-        off = _off_time(now - then, period, cpu - then_cpu)
+        gap = now - then
+        off = _off_time(gap, period, cpu - then_cpu, self.noise)
         if off > 0.0:
             self.pauses.append((now - off, now))
+        else:
+            # A pause is not noise: only ordinary looks tell how late a wake-up usually is.
+            self.recent.append(max(0.0, gap - period))
+            if len(self.recent) >= 8:
+                self.noise = sorted(self.recent)[len(self.recent) // 2]
         self.period = period
 
     def unscheduled(self, start: float, end: float) -> float:
@@ -129,7 +144,7 @@ class _Beats:
             if b > start and a < end:
                 total += min(b, end) - max(a, start)
         then, then_cpu = self.last
-        off = _off_time(end - then, self.period, _cpu() - then_cpu)
+        off = _off_time(end - then, self.period, _cpu() - then_cpu, self.noise)
         if off > 0.0:
             a = end - off
             if a < end and end > start:
@@ -137,13 +152,14 @@ class _Beats:
         return min(total, max(0.0, end - start))
 
 
-def _off_time(gap: float, period: float, cpu: float) -> float:
+def _off_time(gap: float, period: float, cpu: float, noise: float = 0.0) -> float:
     """Of a ``gap`` between two looks (the watchdog asked for ``period``), how long the process
-    did not run: the extra time, less the CPU the process used meanwhile."""
+    did not run: the extra time past the usual ``noise``, less the CPU the process used
+    meanwhile; nothing unless that is well past the noise."""
     late = gap - period
-    if late < _MIN_PAUSE:
+    if late < max(_MIN_PAUSE, _NOISE_FACTOR * noise):
         return 0.0
-    off = late - max(cpu, 0.0)
+    off = late - noise - max(cpu, 0.0)
     return off if off >= _MIN_PAUSE else 0.0
 
 

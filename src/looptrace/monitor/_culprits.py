@@ -379,17 +379,19 @@ def _make_culprit(
         if beats is not None:
             unscheduled = beats.unscheduled(start, now)
         gc_s, generation, _where = GC_LOG.during(start, now)
+    # Whose work it was comes first (looptrace's own is never the program's, however long the
+    # process waited meanwhile); then what else took most of it.
     own = _own_work(frames) if frames else None
-    if unscheduled >= elapsed / 2:
-        cause = CAUSE_UNSCHEDULED
-    elif gc_s >= (elapsed - unscheduled) / 2:
-        cause = CAUSE_GC
-    elif own is not None:
+    if own is not None:
         cause = CAUSE_LOOPTRACE
         user = _user_frame(frames)
         qualname = own
         if user is not None:
             filename, lineno = user[0], user[2]
+    elif unscheduled >= elapsed / 2:
+        cause = CAUSE_UNSCHEDULED
+    elif gc_s >= (elapsed - unscheduled) / 2:
+        cause = CAUSE_GC
     return Culprit(
         task_name,
         qualname,

@@ -106,6 +106,10 @@ class LagMonitor:
         self._culprit_watch = False
         # looptrace's own work the watch saw since the last tick (s): not the program's stall.
         self._own_pending = 0.0
+        # The longest step of the program's the watch measured since the last tick: that tick's
+        # lag is this stall, seen late and to the ticker's phase; the step's own measure is the
+        # one every monitor on the loop shares.
+        self._stall_pending: tuple[float, str] | None = None
         self._thread_id = 0
 
     def __repr__(self) -> str:
@@ -139,9 +143,10 @@ class LagMonitor:
         elif culprit.charged:
             cause = culprit.describe_cause()
             where = f"{culprit.qualname} ({culprit.filename}:{culprit.lineno})"
-            self._hist.note_stall(
-                culprit.stall_ms / 1e3, f"{cause} during {where}" if cause else where
-            )
+            stall = (culprit.stall_ms / 1e3, f"{cause} during {where}" if cause else where)
+            self._hist.note_stall(*stall)
+            if self._stall_pending is None or stall[0] > self._stall_pending[0]:
+                self._stall_pending = stall
 
     def reset(self) -> None:
         """Start a new window (span lag and culprits are not affected)."""
@@ -291,20 +296,32 @@ class LagMonitor:
         stall, returned): the time the process did not run and looptrace's own work are taken
         out and counted apart."""
         own, self._own_pending = self._own_pending, 0.0
+        measured, self._stall_pending = self._stall_pending, None
         watch = self._watch
-        if lag < _EXPLAIN_S or watch is None:
-            self._hist.record(lag, due_ns)
-            return lag
-        ran = _perf()
-        unscheduled = watch.beats.unscheduled(ran - lag, ran)
-        own = min(own, lag - unscheduled)
+        # With culprits named on this loop, a stall is a step past their threshold: measured on
+        # the step itself, the same figure for every monitor here; a late tick counts as one
+        # only when as long (a collection, a step the watchdog could not sample). Shorter lags
+        # are lag, which a tick measures to its own phase.
+        floor = watch.threshold if watch is not None and watch.hooked else 0.0
+        unscheduled = 0.0
+        if lag >= _EXPLAIN_S and watch is not None:
+            ran = _perf()
+            unscheduled = watch.beats.unscheduled(ran - lag, ran)
+            own = min(own, lag - unscheduled)
+        else:
+            ran, own = 0.0, min(own, lag)
         stall = lag - unscheduled - own
         cause = ""
-        if stall > self._hist.stall:
-            gc_s, generation, where = GC_LOG.during(ran - lag, ran)
-            if gc_s >= stall / 2:
-                cause = describe_gc(gc_s, generation, where)
-        self._hist.record(lag, due_ns, stall, unscheduled, own, cause)
+        if measured is not None:
+            stall, cause = min(lag, measured[0]), measured[1]
+            counted = stall
+        else:
+            counted = stall if stall >= floor else 0.0
+            if counted > self._hist.stall and ran:
+                gc_s, generation, where = GC_LOG.during(ran - lag, ran)
+                if gc_s >= counted / 2:
+                    cause = describe_gc(gc_s, generation, where)
+        self._hist.record(lag, due_ns, counted, unscheduled, own, cause)
         return stall
 
     def finish_window(self) -> None:
