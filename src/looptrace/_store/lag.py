@@ -89,20 +89,32 @@ def _culprits(rows: Iterable[Sequence[Any]], limit: int) -> list[dict[str, Any]]
     first: how often, how long, the stack of the worst stall, the spans it happened in, and
     the other spans that were running (so waited) while it blocked."""
     spans = [tuple(r) for r in rows]
-    groups: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
+    groups: dict[tuple[Any, Any, Any, Any], dict[str, Any]] = {}
     for trace_id, span_id, name, _start, _end, _lag, events in spans:
         for event in loads(events) if events and events != "[]" else ():
             if event.get("name") != _STALL_EVENT:
                 continue
             attrs = event.get("attributes") or {}
-            key = (attrs.get("code.function"), attrs.get("code.filepath"), attrs.get("code.lineno"))
-            ms = float(attrs.get("looptrace.loop.stall.duration_ms") or 0.0)
+            # The stall is the part of the step the process was running (what the monitor
+            # names a stall); its cause keeps looptrace's own work and pauses apart.
+            cause = attrs.get("looptrace.loop.stall.cause") or "code"
+            key = (
+                attrs.get("code.function"),
+                attrs.get("code.filepath"),
+                attrs.get("code.lineno"),
+                cause,
+            )
+            ms = float(attrs.get("looptrace.loop.stall.duration_ms") or 0.0) - float(
+                attrs.get("looptrace.loop.stall.unscheduled_ms") or 0.0
+            )
+            ms = round(max(ms, 0.0), 3)
             group = groups.get(key)
             if group is None:
                 group = groups[key] = {
                     "function": key[0],
                     "filepath": key[1],
                     "lineno": key[2],
+                    "cause": cause,
                     "stalls": 0,
                     "total_ms": 0.0,
                     "max_ms": 0.0,

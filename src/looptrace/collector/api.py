@@ -219,7 +219,84 @@ async def _api_lag(request: Request) -> Response:
     limit = _int_param(request, "limit", 100, 1, 10_000)
     worst = _int_param(request, "worst", 20, 0, 1000)
     since = _int_param(request, "since_ns", 0, 0, 2**63 - 1)
-    return JSONResponse(await _in_thread(store.lag_summaries, limit, since or None, worst))
+    until = _int_param(request, "until_ns", 0, 0, 2**63 - 1)
+    service = request.query_params.get("service") or None
+    data = await _in_thread(store.lag_summaries, limit, since or None, worst)
+    return JSONResponse(_lag_figures(data, service, until or None))
+
+
+# A culprit whose cause is one of these held the loop for the program; the others (looptrace's
+# own work, the process not running) are listed apart, never among the program's culprits.
+_PROGRAM_CAUSES = ("code", "gc")
+
+
+def _lag_figures(data: dict[str, Any], service: str | None, until_ns: int | None) -> dict[str, Any]:
+    """The lag page's data with its named figures (``figures``), over the summaries shown.
+
+    ``worst_stall_ms``: the longest time the program held the loop (its code or its garbage
+    collection; not looptrace's own work, not time the process was not scheduled), the worst
+    of the summaries' windows, with ``worst_stall_cause``. ``p99_lag_ms``: the worst window's
+    p99 lag, that window ``p99_window_ms`` long. ``worst_lag_ms``: the worst lag, everything
+    included. ``unscheduled_ms`` and ``looptrace_ms``: summed over the windows. Summaries from
+    before the stall figures existed count their worst lag as their worst stall.
+    """
+    summaries = [
+        s
+        for s in data["summaries"]
+        if (service is None or s.get("service_name") == service)
+        and (until_ns is None or (s.get("start_ns") or 0) <= until_ns)
+    ]
+    figures: dict[str, Any] = {
+        "summaries": len(summaries),
+        "processes": len({(s.get("service_name"), s.get("instance")) for s in summaries}),
+        "window_start_ns": min((s["start_ns"] for s in summaries), default=None),
+        "window_end_ns": max((s["end_ns"] or s["start_ns"] for s in summaries), default=None),
+        "worst_stall_ms": None,
+        "worst_stall_cause": "",
+        "worst_stall_start_ns": None,
+        "p99_lag_ms": None,
+        "p99_window_ms": None,
+        "worst_lag_ms": None,
+        "unscheduled_ms": 0.0,
+        "looptrace_ms": 0.0,
+    }
+    for s in summaries:
+        values = s.get("values") or {}
+        lag = _number(values.get("max_ms"))
+        stall = _number(values.get("worst_stall_ms", lag))
+        p99 = _number(values.get("p99_ms"))
+        if stall is not None and (
+            figures["worst_stall_ms"] is None or stall > figures["worst_stall_ms"]
+        ):
+            figures["worst_stall_ms"] = stall
+            figures["worst_stall_cause"] = str(values.get("worst_stall_cause") or "")
+            figures["worst_stall_start_ns"] = s["start_ns"]
+        if p99 is not None and (figures["p99_lag_ms"] is None or p99 > figures["p99_lag_ms"]):
+            figures["p99_lag_ms"] = p99
+            length = _number(values.get("window_ms"))
+            figures["p99_window_ms"] = (
+                length
+                if length is not None
+                else ((s["end_ns"] or s["start_ns"]) - s["start_ns"]) / 1e6
+            )
+        if lag is not None and (figures["worst_lag_ms"] is None or lag > figures["worst_lag_ms"]):
+            figures["worst_lag_ms"] = lag
+        figures["unscheduled_ms"] += _number(values.get("unscheduled_ms")) or 0.0
+        figures["looptrace_ms"] += _number(values.get("looptrace_ms")) or 0.0
+    figures["unscheduled_ms"] = round(figures["unscheduled_ms"], 3)
+    figures["looptrace_ms"] = round(figures["looptrace_ms"], 3)
+    culprits = data.get("culprits") or []
+    return {
+        **data,
+        "summaries": summaries,
+        "figures": figures,
+        "culprits": [c for c in culprits if c.get("cause", "code") in _PROGRAM_CAUSES],
+        "other_stalls": [c for c in culprits if c.get("cause", "code") not in _PROGRAM_CAUSES],
+    }
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 async def _api_stats(request: Request) -> Response:
