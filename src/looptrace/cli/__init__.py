@@ -39,6 +39,7 @@ from ._format import fmt_time as fmt_time
 from ._format import render_tree as render_tree
 from ._serve import _viewer_routes as _viewer_routes
 from ._serve import serve
+from ._spool import spool
 from ._traces import _terminal_width as _terminal_width
 from ._traces import sessions, show, traces
 
@@ -66,3 +67,4 @@ main.add_command(show)
 main.add_command(sessions)
 main.add_command(experiments)
 main.add_command(serve)
+main.add_command(spool)
