@@ -1,8 +1,7 @@
 """Large payloads, side by side in one run: does tracing them stall the event loop?
 
 Part 1 (the threshold): how long the loop is blocked to serialize + encode one span inline,
-versus to hand it to the worker pool (prepare + pickle; and the handoff of a span the worker
-sends itself, whose large strings it reads from this process), as the payload grows, for
+versus to hand it to the worker pool (prepare + pickle), as the payload grows, for
 string-heavy and structure-heavy payloads.
 
 Part 2 (the scenario): 100 calls of a traced coroutine, each carrying a 2.5 MB base64 string,
@@ -119,8 +118,8 @@ def sink_main() -> None:
 
 def sender_main(port: int, path: str, calls: int) -> None:
     """Post the request body in ``path`` ``calls`` times, one after another, at most one per
-    10 ms: what a worker does with the 100 large spans, minus everything looptrace does. Runs
-    SCHED_IDLE, as the worker does; starts on a line from stdin."""
+    10 ms: the requests of the 100 large spans, from another process and without anything
+    looptrace does. Runs SCHED_IDLE, as looptrace's workers do; starts on a line from stdin."""
     import http.client
 
     try:
@@ -293,7 +292,7 @@ def threshold_table() -> None:
     from looptrace import _otlp, _serialize
     from looptrace._capture.spans import Span
     from looptrace._config import Config
-    from looptrace._offload.parent import Destination, Offloader
+    from looptrace._offload.parent import Offloader
 
     cfg = Config()
     off = Offloader(workers=1)
@@ -320,34 +319,8 @@ def threshold_table() -> None:
             times.append(time.perf_counter() - t0)
         return min(times) * 1e3
 
-    async def send_handoff(span: Span, n: int) -> float:
-        """Loop time to hand a span to a worker that sends it: the hooks, the walk that finds
-        its large values, their pieces and the call's pickle (port 9: refused, so the worker
-        does all its work but the network)."""
-        from looptrace._transport.settings import HttpSettings
-
-        await off.ready()
-        dest = Destination(
-            HttpSettings("http://127.0.0.1:9/v1/traces", (), 1.0),
-            "protobuf",
-            "none",
-            _otlp.default_resource(cfg),
-        )
-        times = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            task = asyncio.ensure_future(off.deliver(off.job(span, cfg, "protobuf", 0), dest))
-            while off._pool is not None and not any(ch.queued for ch in off._pool._channels):
-                await asyncio.sleep(0)
-            times.append(time.perf_counter() - t0)
-            await task
-        return min(times) * 1e3
-
     print("\nPart 1: loop time per span, inline vs handing to the pool (best of N, ms)")
-    print(
-        f"{'payload':<11}{'JSON bytes':>12}{'inline':>10}{'pool: loop':>12}{'pool: wall':>12}"
-        f"{'pool: send':>12}"
-    )
+    print(f"{'payload':<11}{'JSON bytes':>12}{'inline':>10}{'pool: loop':>12}{'pool: wall':>12}")
     for kind, make in (("string", string_payload), ("structure", structure_payload)):
         for size in (16_000, 64_000, 256_000, 1_000_000, 2_500_000):
             span = span_with(make(size))
@@ -368,11 +341,8 @@ def threshold_table() -> None:
 
             loop_ms = best(handoff, n)
             wall = asyncio.run(pool_wall(span, n))
-            send = asyncio.run(send_handoff(span, n))
             jbytes = len(_serialize.to_json(span.inputs, cfg))
-            print(
-                f"{kind:<11}{jbytes:>12,}{inline:>10.2f}{loop_ms:>12.2f}{wall:>12.2f}{send:>12.2f}"
-            )
+            print(f"{kind:<11}{jbytes:>12,}{inline:>10.2f}{loop_ms:>12.2f}{wall:>12.2f}")
     off.shutdown(wait=True)
 
 
@@ -477,7 +447,8 @@ def baseline_run(payload: Any, calls: int) -> tuple[list[float], list[float]]:
 def transfer_run(port: int, payload: Any, calls: int, tmp: str) -> tuple[list[float], list[float]]:
     """No tracing in this process, while another process (not looptrace) sends the same 100
     requests to the sink: what moving 250 MB to a receiver on the same two CPUs costs this
-    process's loop. The offload row pays it too; a backend on another machine would not."""
+    process's loop, even when another process sends. The looptrace rows pay it too; a backend
+    on another machine would not."""
     from looptrace import _otlp, _serialize
     from looptrace._capture.spans import Span
     from looptrace._config import Config

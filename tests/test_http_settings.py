@@ -146,9 +146,9 @@ def proxy() -> Iterator[_Proxy]:
 async def test_both_processes_go_through_the_proxy_from_the_environment(
     proxy: _Proxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``HTTP_PROXY`` routes requests to a remote backend through the proxy, from the
-    application's process and from a worker alike (the backend's name does not resolve here:
-    only the proxy can deliver)."""
+    """``HTTP_PROXY`` routes requests to a remote backend through the proxy, a large span that
+    a worker encoded included (the backend's name does not resolve here: only the proxy can
+    deliver)."""
     monkeypatch.setenv("HTTP_PROXY", proxy.url)
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
@@ -156,7 +156,7 @@ async def test_both_processes_go_through_the_proxy_from_the_environment(
     looptrace.configure(endpoint=endpoint, flush_interval=0.05, compression="none")
     one_small_one_large()
     assert (await looptrace.flush(timeout=30)).ok
-    assert proxy.targets == [endpoint, endpoint]
+    assert proxy.targets and set(proxy.targets) == {endpoint}
     assert looptrace.statistics().offload.offloaded == 1
 
 

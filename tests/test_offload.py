@@ -474,8 +474,8 @@ async def test_workers_start_without_opentelemetry_auto_instrumentation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Under ``opentelemetry-instrument`` every interpreter started with the application's
-    PYTHONPATH runs its sitecustomize and instruments itself; a worker, which sends looptrace's
-    own requests, starts without it (and with the SDK disabled)."""
+    PYTHONPATH runs its sitecustomize and instruments itself; a worker, which does looptrace's
+    own work, starts without it (and with the SDK disabled)."""
     auto = tmp_path / "opentelemetry" / "instrumentation" / "auto_instrumentation"
     auto.mkdir(parents=True)
     marker = tmp_path / "instrumented"

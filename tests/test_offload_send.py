@@ -1,5 +1,6 @@
-"""Large spans sent by the worker itself, against a real OTLP server on 127.0.0.1: the bytes on
-the wire, what each answer means to the pipeline, and every way the worker can fail."""
+"""Large spans a worker encodes, on their way to a real OTLP server on 127.0.0.1: the request
+is the one the parent would have built, the values handed to a worker outlive their caller, and
+the pipeline sends, retries and drops them like any other span, over its own transport."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import gc
 import gzip
 import os
+import signal
 import urllib.parse
 from collections.abc import Iterator
 from typing import Any
@@ -17,8 +19,10 @@ import looptrace
 from looptrace import _export, _otlp, _serialize
 from looptrace._capture.spans import Span
 from looptrace._config import Config
-from looptrace._offload.parent import Destination, Offloader, SendHere, Unsent
-from looptrace._transport import Response, RetryPolicy
+from looptrace._export.exporter import SENT
+from looptrace._offload import pool as _pool
+from looptrace._offload.parent import Offloader, _Lifter
+from looptrace._transport import RetryPolicy
 from looptrace._transport.settings import HttpSettings
 from otlp_server import OtlpTestServer
 from pipeline_support import checked_server, install_pipeline
@@ -26,6 +30,10 @@ from pipeline_support import checked_server, install_pipeline
 CFG = Config()
 IMAGE = "QUJD" * 100_000  # 400 KB of base64: sent raw, after the pickle
 RAW = bytes(range(256)) * 400  # 100 KB of bytes: the same
+# A worker held still (SIGSTOP) keeps a call waiting, without a timer; Windows has no such signal.
+needs_sigstop = pytest.mark.skipif(
+    not hasattr(signal, "SIGSTOP"), reason="a worker is held with SIGSTOP"
+)
 
 
 def big_span(span_id: int = 2) -> Span:
@@ -41,23 +49,17 @@ def big_span(span_id: int = 2) -> Span:
     return span
 
 
-def expected_body(span: Span, encoding: str) -> bytes:
-    chunk = _otlp.encode_span(_serialize.to_wire(span, CFG), encoding)
-    return _otlp.encode_request([chunk], _otlp.default_resource(CFG), encoding)
+def inline(span: Span, encoding: str = "protobuf") -> bytes:
+    return _otlp.encode_span(_serialize.to_wire(span, CFG), encoding)
 
 
-def destination(
-    server: OtlpTestServer, encoding: str = "protobuf", compression: str = "gzip", **headers: str
-) -> Destination:
-    http = HttpSettings(server.endpoint, tuple(headers.items()), 5.0)
-    return Destination(http, encoding, compression, _otlp.default_resource(CFG))
-
-
-def kill(pid: int) -> None:
-    """End a process at once, on any platform (SIGKILL on POSIX, TerminateProcess on Windows)."""
-    import signal
-
-    os.kill(pid, getattr(signal, "SIGKILL", signal.SIGTERM))
+def handoff(span: Span) -> tuple[tuple[Any, ...], list[str | bytes]]:
+    """The call ``Offloader`` makes for ``span``: its arguments, and the values sent raw."""
+    wire, inputs, output, pol, cap = _serialize.prepare(span, CFG)
+    lifter = _Lifter()
+    inputs = (inputs[0], lifter.lift(inputs[1]))
+    output = (output[0], lifter.lift(output[1]))
+    return (wire, inputs, output, pol, cap, "protobuf"), lifter.values
 
 
 @pytest.fixture(scope="module")
@@ -75,83 +77,114 @@ def server() -> Iterator[OtlpTestServer]:
 
 
 @pytest.mark.parametrize("encoding", ["protobuf", "json"])
-async def test_worker_sends_the_bytes_the_parent_would_have_sent(
-    offloader: Offloader, server: OtlpTestServer, encoding: str
+async def test_a_large_span_goes_out_as_the_parent_would_have_sent_it(
+    server: OtlpTestServer, encoding: str
 ) -> None:
-    """The request a worker sends is, once decompressed, byte for byte the request the parent
-    would have built for that span alone: strings and bytes that crossed without a pickle,
-    inside dicts, tuples and lists, come out the same, and the secret is redacted."""
-    span = big_span()
-    job = offloader.job(span, CFG, encoding, 0)
-    outcome = await offloader.deliver(job, destination(server, encoding, authorization="k"))
-    assert isinstance(outcome, Response) and outcome.status == 200
+    """A span a worker encodes goes out, once decompressed, byte for byte as the request the
+    parent would have built for it: strings and bytes that crossed without a pickle, inside
+    dicts, tuples and lists, come out the same, the secret is redacted, and the configured
+    headers and compression apply as to any request."""
+    from looptrace._export.otlp_http import OtlpHttpExporter
+
+    cfg = looptrace.Config.from_env(
+        endpoint=server.endpoint,
+        encoding=encoding,
+        compression="gzip",
+        headers={"authorization": "k"},
+    )
+    exporter = OtlpHttpExporter(cfg)
+    exporter.load()
+    session = exporter.session()
+    try:
+        span = big_span()
+        chunks = await exporter.encode([span])
+        assert exporter.offload_statistics().offloaded == 1
+        assert await session.export(chunks) == SENT  # type: ignore[arg-type]
+    finally:
+        await session.aclose()
+        exporter.shutdown()
     (received,) = server.requests
     assert received.headers["content-encoding"] == "gzip"
     assert received.headers["authorization"] == "k"
-    assert gzip.decompress(received.body) == expected_body(span, encoding)
-    assert b"sk-123" not in gzip.decompress(received.body)
+    body = gzip.decompress(received.body)
+    assert body == _otlp.encode_request([inline(span, encoding)], exporter.resource, encoding)
+    assert b"sk-123" not in body
 
 
-async def test_values_sent_raw_outlive_a_caller_that_gave_up(
-    offloader: Offloader, server: OtlpTestServer
-) -> None:
-    """A call waits in the worker's queue while the worker is busy, and the task that awaited
-    it is cancelled (as at shutdown) and the span freed. Its large values were handed over
-    with the call, so the request still carries them whole, not memory reused since."""
+@needs_sigstop
+async def test_values_sent_raw_outlive_a_caller_that_gave_up(offloader: Offloader) -> None:
+    """A call waits in the worker's queue while the worker is busy, and its caller lets go of
+    the span and of everything it handed over (as at shutdown). Its large values went with the
+    call, so the worker still encodes them whole, not memory reused since."""
     pool = offloader._pool
     assert pool is not None
-    server.hold()
-    first = asyncio.ensure_future(
-        offloader.deliver(offloader.job(big_span(), CFG, "protobuf", 0), destination(server))
-    )
-    assert await asyncio.to_thread(server.wait_for_active, 1)  # the worker is busy with it
-    span = Span("big", 1, 3, 0, 1_000)
-    span.end_ns = 2_000
-    span.inputs = {"image": "".join(["QUJE"] * 100_000), "raw": bytes(RAW[::-1])}
-    want = expected_body(span, "protobuf")
-    second = asyncio.ensure_future(
-        offloader.deliver(offloader.job(span, CFG, "protobuf", 0), destination(server))
-    )
-    while sum(ch.queued for ch in pool._channels) < 2:  # handed over: queued behind the first
-        await asyncio.sleep(0.001)
-    second.cancel()
-    del span
-    gc.collect()
-    churn = ["Z" * 400_000 for _ in range(20)]  # reuses memory freed too early, if any was
-    server.release()
-    assert isinstance(await first, Response)
-    assert await asyncio.to_thread(server.wait_for_requests, 2)
-    assert gzip.decompress(server.requests[1].body) == want
+    (worker,) = offloader.worker_pids()
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        first = pool.submit("work", *handoff(big_span()))
+        span = Span("big", 1, 3, 0, 1_000)
+        span.end_ns = 2_000
+        span.inputs = {"image": "".join(["QUJE"] * 100_000), "raw": bytes(RAW[::-1])}
+        want = inline(span)
+        args, values = handoff(span)
+        second = pool.submit("work", args, values)
+        assert sum(ch.queued for ch in pool._channels) == 2  # the second waits behind the first
+        del span, args, values
+        gc.collect()
+        churn = ["Z" * 400_000 for _ in range(20)]  # reuses memory freed too early, if any was
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    assert type(await asyncio.wrap_future(first)) is _pool.Raw
+    answer = await asyncio.wrap_future(second)
+    assert type(answer) is _pool.Raw and answer.values[0] == want
     assert len(churn) == 20
 
 
-async def test_worker_reports_what_the_server_answered(
-    offloader: Offloader, server: OtlpTestServer
-) -> None:
-    """Status and Retry-After reach the parent, which decides; a retry sends the span again."""
-    job = offloader.job(big_span(), CFG, "protobuf", 0)
-    server.fail_next(429, retry_after="7")
-    outcome = await offloader.deliver(job, destination(server))
-    assert isinstance(outcome, Response)
-    assert (outcome.status, outcome.headers.get("retry-after")) == (429, "7")
-    outcome = await offloader.deliver(job, destination(server))
-    assert isinstance(outcome, Response) and outcome.status == 200
-    assert server.statuses() == [429, 200]
-    assert server.accepted_span_count == 1
+@needs_sigstop
+async def test_shutdown_from_another_thread_gives_the_span_back() -> None:
+    """Shutting the offloader down from another thread while a worker holds a span: the
+    waiting task gets the span encoded here (reason ``shutdown``), without hanging, and the
+    worker is gone."""
+    off = Offloader(workers=1)
+    try:
+        await off.ready()
+        assert off._pool is not None
+        process = off._pool._channels[0].process
+        os.kill(process.pid, signal.SIGSTOP)  # busy: it will not answer before the shutdown
+        span = big_span()
+        task = asyncio.ensure_future(off.encode(span, CFG, "protobuf"))
+        while not off._pool._channels[0].queued:
+            await asyncio.sleep(0)
+        await asyncio.to_thread(off.shutdown, True)
+        assert await asyncio.wait_for(task, 30) == inline(span)
+        assert off.stats["shutdown"] == 1
+        assert off.worker_pids() == [] and off.workers_alive() == 0
+        assert process.poll() is not None  # exited, and reaped
+    finally:
+        off.shutdown(wait=True)
 
 
-async def test_no_answer_is_an_error_string(offloader: Offloader) -> None:
-    """A refused connection comes back as a description (the pipeline retries it)."""
-    with OtlpTestServer() as srv:
-        dest = destination(srv)
-    outcome = await offloader.deliver(offloader.job(big_span(), CFG, "protobuf", 0), dest)
-    assert isinstance(outcome, Unsent) and "Connect" in outcome.error
-
-
-def test_destination_repr_hides_headers(server: OtlpTestServer) -> None:
-    dest = destination(server, authorization="Bearer sk-secret")
-    assert "sk-secret" not in repr(dest) and "redacted" in repr(dest)
-    assert "sk-secret" not in repr(dest.http)
+async def test_worker_loads_nothing_of_the_application(offloader: Offloader) -> None:
+    """A worker is a fresh interpreter: after encoding a span it has loaded neither the
+    application's __main__ (nor multiprocessing's stand-in for it) nor looptrace's capture
+    and pipeline, nor an event loop, nor an HTTP client."""
+    assert await offloader.encode(big_span(), CFG, "protobuf") == inline(big_span())
+    pool = offloader._pool
+    assert pool is not None
+    modules = await asyncio.wrap_future(pool.submit("modules", ()))
+    assert "looptrace._offload.child" in modules
+    assert not set(modules) & {
+        "__mp_main__",
+        "multiprocessing",
+        "asyncio",
+        "looptrace._export",
+        "looptrace._capture.decorators",
+        "looptrace._capture.start",
+        "looptrace._transport",
+        "httpx",
+        "h11",
+        "pytest",
+    }
 
 
 @pytest.mark.parametrize(
@@ -167,9 +200,9 @@ def test_destination_repr_hides_headers(server: OtlpTestServer) -> None:
     ],
 )
 def test_only_a_loopback_backend_gets_the_small_send_buffer(url: str, loopback: bool) -> None:
-    """A backend on this machine shares its CPUs, so the worker sends to it in bounded steps
-    (and never through a proxy); a remote one keeps the kernel's buffer sizing, which a long
-    round trip needs for speed."""
+    """A backend on this machine shares its CPUs, so the application's client sends to it in
+    bounded steps (and never through a proxy); a remote one keeps the kernel's buffer sizing,
+    which a long round trip needs for speed."""
     from looptrace._transport.settings import is_loopback
 
     assert is_loopback(urllib.parse.urlsplit(url).hostname or "") is loopback
@@ -195,8 +228,7 @@ def test_compression_is_left_out_only_on_loopback_unless_asked_for(
     """``compression="auto"`` (the default) compresses with gzip for a backend on another
     machine and not for one on this machine, where deflating costs CPU on both ends and saves
     nothing; a compression asked for by name (the setting or the standard variable, for a
-    loopback address that forwards to another machine) is used wherever the backend is. The
-    pipeline's requests and the workers' use the same."""
+    loopback address that forwards to another machine) is used wherever the backend is."""
     from looptrace._export.otlp_http import OtlpHttpExporter
     from looptrace._transport.settings import wire_compression
 
@@ -208,8 +240,6 @@ def test_compression_is_left_out_only_on_loopback_unless_asked_for(
     exporter.load()
     try:
         assert exporter.compression == sent
-        assert exporter._destination is not None
-        assert exporter._destination.compression == sent
     finally:
         exporter.shutdown()
 
@@ -221,183 +251,6 @@ def test_compression_setting_refuses_an_unknown_name(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("LOOPTRACE_COMPRESSION", "brotli")
     with pytest.raises(looptrace.ConfigurationError, match="auto, gzip, zstd or none"):
         looptrace.Config.from_env()
-
-
-async def test_worker_keeps_one_connection_for_many_spans(offloader: Offloader) -> None:
-    """Spans sent one after another reuse the worker's connection: no handshake per span."""
-    with checked_server() as server:
-        dest = destination(server)
-        for span_id in range(2, 5):
-            outcome = await offloader.deliver(
-                offloader.job(big_span(span_id), CFG, "protobuf", 0), dest
-            )
-            assert isinstance(outcome, Response) and outcome.status == 200
-        assert server.accepted_span_count == 3
-        assert server.connections_opened == 1
-
-
-async def test_worker_reconnects_when_the_server_closed_an_idle_connection(
-    offloader: Offloader,
-) -> None:
-    """A server that closes kept-alive connections after a pause (as most do) costs a new
-    connection, never a failed send."""
-    with checked_server(idle_timeout=0.2) as server:
-        dest = destination(server)
-        first = await offloader.deliver(offloader.job(big_span(2), CFG, "protobuf", 0), dest)
-        assert isinstance(first, Response) and first.status == 200
-        assert await asyncio.to_thread(server.wait_for_closed, 1)
-        second = await offloader.deliver(offloader.job(big_span(3), CFG, "protobuf", 0), dest)
-        assert isinstance(second, Response) and second.status == 200
-        assert server.connections_opened == 2 and server.accepted_span_count == 2
-
-
-async def test_a_reset_connection_is_reported_and_the_next_span_still_goes(
-    offloader: Offloader, server: OtlpTestServer
-) -> None:
-    """A connection reset mid-request is an error string (the pipeline retries it), and the
-    worker sends the next span on a new connection."""
-    server.reset_next(1)
-    job = offloader.job(big_span(), CFG, "protobuf", 0)
-    outcome = await offloader.deliver(job, destination(server))
-    assert isinstance(outcome, Unsent) and "Connection" in outcome.error
-    outcome = await offloader.deliver(job, destination(server))
-    assert isinstance(outcome, Response) and outcome.status == 200
-    assert server.statuses() == [0, 200]
-
-
-async def test_user_headers_reach_the_server(offloader: Offloader, server: OtlpTestServer) -> None:
-    dest = destination(server, authorization="Bearer sk-secret", **{"x-team": "evals"})
-    outcome = await offloader.deliver(offloader.job(big_span(), CFG, "protobuf", 0), dest)
-    assert isinstance(outcome, Response) and outcome.status == 200
-    headers = server.requests[-1].headers
-    assert headers["authorization"] == "Bearer sk-secret" and headers["x-team"] == "evals"
-    assert headers["content-type"] == "application/x-protobuf"
-    assert headers["content-encoding"] == "gzip"
-
-
-async def test_worker_loads_nothing_of_the_application(
-    offloader: Offloader, server: OtlpTestServer
-) -> None:
-    """A worker is a fresh interpreter: after sending a span it has loaded neither the
-    application's __main__ (nor multiprocessing's stand-in for it) nor looptrace's capture
-    and pipeline, nor an event loop."""
-    outcome = await offloader.deliver(
-        offloader.job(big_span(), CFG, "protobuf", 0), destination(server)
-    )
-    assert isinstance(outcome, Response) and outcome.status == 200
-    pool = offloader._pool
-    assert pool is not None
-    modules = await asyncio.wrap_future(pool.submit("modules", ()))
-    assert "looptrace._offload.child" in modules
-    assert not set(modules) & {
-        "__mp_main__",
-        "multiprocessing",
-        "asyncio",
-        "looptrace._export",
-        "looptrace._capture.decorators",
-        "looptrace._capture.start",
-        "pytest",
-    }
-
-
-async def test_worker_killed_mid_send_gives_the_span_back_to_the_parent(
-    server: OtlpTestServer,
-) -> None:
-    """The worker dies while its request is held: the parent gets the encoded span back to
-    send itself, the reason is counted, and the next pool sends again."""
-    off = Offloader(workers=1)
-    try:
-        await off.ready()
-        server.hold()
-        span = big_span()
-        task = asyncio.ensure_future(
-            off.deliver(off.job(span, CFG, "protobuf", 0), destination(server))
-        )
-        assert await asyncio.to_thread(server.wait_for_active, 1)
-        kill(off.worker_pids()[0])
-        outcome = await task
-        server.release()
-        assert outcome == SendHere(_otlp.encode_span(_serialize.to_wire(span, CFG), "protobuf"))
-        assert off.stats["broken_pool"] == 1
-        outcome = await off.deliver(off.job(big_span(3), CFG, "protobuf", 0), destination(server))
-        assert isinstance(outcome, Response) and outcome.status == 200
-    finally:
-        server.release()
-        off.shutdown(wait=True)
-
-
-async def test_shutdown_from_another_thread_gives_the_span_back(server: OtlpTestServer) -> None:
-    """Shutting the offloader down from another thread while a worker holds a span: the
-    waiting task gets the encoded span to send itself (reason ``shutdown``), without hanging,
-    and the worker is gone."""
-    off = Offloader(workers=1)
-    try:
-        await off.ready()
-        assert off._pool is not None
-        process = off._pool._channels[0].process
-        server.hold()
-        span = big_span()
-        task = asyncio.ensure_future(
-            off.deliver(off.job(span, CFG, "protobuf", 0), destination(server))
-        )
-        assert await asyncio.to_thread(server.wait_for_active, 1)
-        await asyncio.to_thread(off.shutdown, True)
-        outcome = await asyncio.wait_for(task, 30)
-        assert outcome == SendHere(_otlp.encode_span(_serialize.to_wire(span, CFG), "protobuf"))
-        assert off.stats["shutdown"] == 1
-        assert off.worker_pids() == [] and off.workers_alive() == 0
-        assert process.poll() is not None  # exited, and reaped
-    finally:
-        server.release()
-        off.shutdown(wait=True)
-
-
-async def test_many_medium_strings_reach_the_server_whole(
-    offloader: Offloader, server: OtlpTestServer
-) -> None:
-    """Strings each below the size sent raw, 3 MB together, travel in the call's pickle, a
-    frame larger than the pipe: the request is still the parent's, byte for byte."""
-    span = big_span()
-    span.inputs = {"parts": [f"{i:04d}" + "z" * 60_000 for i in range(50)]}
-    outcome = await offloader.deliver(offloader.job(span, CFG, "protobuf", 0), destination(server))
-    assert isinstance(outcome, Response) and outcome.status == 200
-    assert gzip.decompress(server.requests[0].body) == expected_body(span, "protobuf")
-
-
-@pytest.mark.parametrize("compression", ["gzip", "none"])
-async def test_large_payloads_go_out_uncompressed_and_whole(
-    offloader: Offloader, server: OtlpTestServer, compression: str
-) -> None:
-    """A body the compression probe turns down (base64 of noise), or with compression off,
-    goes out as it is: the worker sends the payloads' JSON without joining it into one body,
-    and the server still gets the parent's request byte for byte, with its length."""
-    import base64
-    import random
-
-    rng = random.Random(5)
-    span = big_span()
-    span.inputs = {"image": base64.b64encode(rng.randbytes(1_200_000)).decode()}
-    span.output = {"thumb": base64.b64encode(rng.randbytes(150_000)).decode(), "ok": True}
-    dest = destination(server, compression=compression)
-    outcome = await offloader.deliver(offloader.job(span, CFG, "protobuf", 0), dest)
-    assert isinstance(outcome, Response) and outcome.status == 200
-    (received,) = server.requests
-    assert "content-encoding" not in received.headers
-    assert received.body == expected_body(span, "protobuf")
-
-
-async def test_value_the_worker_cannot_rebuild_comes_back_encoded(
-    offloader: Offloader, server: OtlpTestServer
-) -> None:
-    from test_offload import OnlyInParent
-
-    span = big_span()
-    span.output = {"obj": OnlyInParent()}
-    before = offloader.stats["worker_error"]
-    outcome = await offloader.deliver(offloader.job(span, CFG, "protobuf", 0), destination(server))
-    assert outcome == SendHere(_otlp.encode_span(_serialize.to_wire(span, CFG), "protobuf"))
-    assert offloader.stats["worker_error"] == before + 1
-    assert server.request_count == 0
 
 
 # --------------------------------------------------------------------------- the pipeline
@@ -417,43 +270,22 @@ def traced_calls(small: int, large: int) -> None:
 FAST_RETRY = RetryPolicy(base_delay=0.01, max_delay=0.05, budget=10.0)
 
 
-async def test_pipeline_sends_each_large_span_alone(server: OtlpTestServer) -> None:
-    """Small spans still share requests; each large span goes in a request of its own, sent by
-    the worker, and flush() waits for all of them."""
+async def test_pipeline_sends_large_spans_with_the_others(server: OtlpTestServer) -> None:
+    """Large spans, encoded by a worker, share a request with the small ones over the
+    pipeline's own client, and flush() waits for all of them."""
     pipe = install_pipeline(server, retry=FAST_RETRY)
     traced_calls(small=5, large=3)
     assert await looptrace.flush(timeout=30)
     assert server.accepted_span_count == 8
-    sizes = sorted(len(r.spans) for r in server.requests)
-    assert sizes[:3] == [1, 1, 1] and sum(sizes) == 8
+    assert server.request_count == 1
     assert pipe.statistics().offload.offloaded == 3
     assert looptrace.statistics().spans_sent == 8
     await looptrace.shutdown()
 
 
-async def test_a_large_span_goes_as_soon_as_the_one_before_is_answered(
-    server: OtlpTestServer,
-) -> None:
-    """A large span that ends while a worker sends another does not wait for the flush
-    interval: the answer to the first starts the next drain, since the workers' requests cost
-    the application's loop nothing (gathered, large spans reached the workers in bursts)."""
-    install_pipeline(server, retry=FAST_RETRY, flush_interval=60.0)
-    server.hold()
-    traced_calls(small=0, large=1)
-    first = asyncio.ensure_future(looptrace.flush(timeout=30))
-    assert await asyncio.to_thread(server.wait_for_active, 1, 20)
-    traced_calls(small=0, large=1)
-    server.release()
-    assert await first
-    # Nobody flushes again, and the interval is a minute.
-    assert await asyncio.to_thread(server.wait_for_spans, 2, 20)
-    assert [len(r.spans) for r in server.requests] == [1, 1]
-    await looptrace.shutdown()
-
-
-async def test_pipeline_retries_what_the_worker_reports(server: OtlpTestServer) -> None:
-    """503s and a 429 answered to the worker are retried by the pipeline's rules: nothing is
-    lost, and the retries are counted."""
+async def test_pipeline_retries_a_large_span(server: OtlpTestServer) -> None:
+    """503s and a 429 answered to a request carrying a large span are retried by the
+    pipeline's rules, the span encoded once: nothing is lost, and the retries are counted."""
     pipe = install_pipeline(server, retry=FAST_RETRY)
     server.fail_next(503, 503, 429)
     traced_calls(small=0, large=1)
@@ -475,8 +307,8 @@ async def test_pipeline_drops_a_large_span_the_backend_rejects(server: OtlpTestS
 
 
 async def test_other_transports_get_the_encoded_span_back(server: OtlpTestServer) -> None:
-    """With a transport the worker cannot use (here a custom factory), large spans are encoded
-    in the worker and sent by the pipeline, in shared requests."""
+    """With a custom transport, large spans are encoded in the worker and sent by the pipeline
+    over that transport, in shared requests."""
     from looptrace._transport import HttpTransport
 
     config = looptrace.Config.from_env(endpoint=server.endpoint, flush_interval=0.05)
@@ -491,6 +323,5 @@ async def test_other_transports_get_the_encoded_span_back(server: OtlpTestServer
     assert await looptrace.flush(timeout=30)
     assert server.accepted_span_count == 4
     assert server.request_count == 1
-    assert pipe.exporter._destination is None  # type: ignore[attr-defined]
     assert pipe.statistics().offload.offloaded == 2
     await looptrace.shutdown()

@@ -3,12 +3,11 @@ one request, compressed, over a :class:`~looptrace._transport.Transport`.
 
     encode:  SpanEncoder.plan -> SpanEncoder.encode            (bytes; the common case)
                               -> Offloader.submit              (bytes, from a worker)
-                              -> Offloader.job                 (a span a worker sends itself)
     export:  encode_request_pieces(chunks) -> compress_body -> Transport.send -> Outcome
 
-A worker sends a large span itself only where the spans go over plain OTLP/HTTP with the
-default transport: then its bytes never come back to this process. With any other transport
-the worker hands the encoded span back and it travels like any other.
+A large span encoded by a worker comes back as bytes and travels like any other, in a shared
+request over this process's transport: a worker that sent the span itself, with an HTTP client
+of its own, saved this process some CPU but none of the loop's lag (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ if TYPE_CHECKING:
     from .._capture.spans import Span
     from .._config import Config
     from .._encode import SpanEncoder
-    from .._offload.parent import Destination, Job, Offloader
+    from .._offload.parent import Offloader
     from .._otlp import Resource
 
 __all__ = ["OtlpHttpExporter"]
@@ -53,10 +52,8 @@ class OtlpHttpExporter:
         self, cfg: Config, transport_factory: Callable[[], Transport] | None = None
     ) -> None:
         self.cfg = cfg
-        self._custom_transport = transport_factory is not None
         self._transport_factory = transport_factory or self._http_transport
         self._offloader: Offloader | None = None
-        self._destination: Destination | None = None
         self._estimate: Callable[[Span], int] | None = None
 
     def __repr__(self) -> str:
@@ -90,13 +87,9 @@ class OtlpHttpExporter:
         if cfg.offload:
             # Started at the first large span; at interpreter exit, when no thread can start
             # it, large spans are serialized inline.
-            from .._offload.parent import Destination, Offloader
+            from .._offload.parent import Offloader
 
             self._offloader = Offloader()
-            if not self._custom_transport and settings.worker_can_send():
-                self._destination = Destination(
-                    settings, cfg.encoding, self.compression, self.resource
-                )
         self._estimate = _serialize.estimate_size
 
     def estimate(self, span: Span) -> int:
@@ -116,8 +109,6 @@ class OtlpHttpExporter:
             self.span_encoder.steps,
         )
         offloader = self._offloader
-        remote = self._destination is not None
-        estimate = self.estimate
         chunks: list[Sized | None] = [None] * len(spans)
         offloaded: list[tuple[int, Awaitable[bytes]]] = []
         slices = Slices()
@@ -125,21 +116,15 @@ class OtlpHttpExporter:
             try:
                 flags = plan(span)
                 if flags & OFFLOAD and offloader is not None:
-                    if remote:
-                        # Travels alone, encoded and sent by a worker; the hooks run now, inside
-                        # the time slice like any span's encoding (10-20 us each: a drain of
-                        # 55 of them was one step of a millisecond).
-                        chunks[i] = offloader.job(span, cfg, encoding, estimate(span))
-                    else:
-                        if offloader.state in STARTABLE:
-                            # Start the pool before the first handoff, so that every handoff of
-                            # this drain happens inside a time slice, not all at once after it.
-                            await offloader.ready()
-                            slices.restart()
-                        # The handoff (hooks, pickling) runs here, inside the time slice, so a
-                        # drain of many large spans yields between them; only the results are
-                        # awaited.
-                        offloaded.append((i, offloader.submit(span, cfg, encoding)))
+                    if offloader.state in STARTABLE:
+                        # Start the pool before the first handoff, so that every handoff of
+                        # this drain happens inside a time slice, not all at once after it.
+                        await offloader.ready()
+                        slices.restart()
+                    # The handoff (hooks, pickling) runs here, inside the time slice, so a
+                    # drain of many large spans yields between them; only the results are
+                    # awaited.
+                    offloaded.append((i, offloader.submit(span, cfg, encoding)))
                 elif flags & (LARGE | HOOKED):
                     # Many containers (or a hook's value, which the walk has not seen):
                     # orjson's pass and the key scan after it are steps of their own when the
@@ -164,7 +149,7 @@ class OtlpHttpExporter:
         return self.span_encoder.encode(span, 0)
 
     def alone(self, chunk: Sized) -> bool:
-        return not isinstance(chunk, bytes)
+        return False
 
     # ------------------------------------------------------------------ sending
     def session(self) -> _Session:
@@ -198,11 +183,6 @@ class _Session:
 
     async def export(self, chunks: Sequence[Sized]) -> Outcome:
         exporter = self._exporter
-        if len(chunks) == 1 and not isinstance(chunks[0], bytes):
-            delivered = await self._deliver(chunks[0])  # type: ignore[arg-type]
-            if isinstance(delivered, Outcome):
-                return delivered
-            chunks = [delivered]
         pieces = exporter.request_pieces(chunks, exporter.resource, exporter.cfg.encoding)  # type: ignore[arg-type]
         compression = exporter.compression
         content_encoding = None
@@ -228,21 +208,6 @@ class _Session:
             # after interpreter shutdown"): a request that could not go, not a bug to report.
             return Outcome(Verdict.RETRY, f"no request could be made at exit ({exc})")
         return outcome_of(response)
-
-    async def _deliver(self, job: Job) -> Outcome | bytes:
-        """A worker sends ``job`` itself; the encoded span when no worker could take it."""
-        offloader = self._exporter._offloader
-        destination = self._exporter._destination
-        if offloader is None or destination is None:  # shut down under this send
-            return Outcome(Verdict.RETRY, "shut down")
-        from .._offload.parent import Unsent
-
-        delivered = await offloader.deliver(job, destination)
-        if isinstance(delivered, Unsent):
-            return Outcome(Verdict.RETRY, delivered.error)
-        if isinstance(delivered, Response):
-            return outcome_of(delivered)
-        return delivered.chunk
 
     async def aclose(self) -> None:
         transport, self._transport = self._transport, None

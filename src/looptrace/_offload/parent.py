@@ -8,13 +8,9 @@ so the bytes are identical to the inline path (the worker's side is
 
 A payload's large strings and bytes do not go through the pickle: the parent replaces them by
 slots and the pool's thread sends them after it (a ``bytes`` as it is; a ``str`` encoded a
-piece at a time, the GIL let go of in each write), so the loop copies nothing large.
-
-Where the spans go over plain OTLP/HTTP (a :class:`Destination`), a large span
-travels alone and the worker sends it too (:meth:`Offloader.deliver`), with the same HTTP
-settings as this process (endpoint, headers, TLS, proxies, timeout), and answers with the
-status: the payload's bytes never come back. For other transports (the local store, test
-transports) the worker returns the encoded span instead (:meth:`Offloader.submit`).
+piece at a time, the GIL let go of in each write), so the loop copies nothing large. The
+encoded span comes back the same way, raw after the answer's pickle, and the pipeline sends it
+like any other span, through the application's own transport.
 
 Fallbacks (all inline, counted in :attr:`Offloader.stats` by reason): a payload that does not
 pickle (``unpicklable``), an error in the worker (``worker_error``), a pool whose worker died
@@ -25,25 +21,22 @@ subprocesses at all (``unavailable``), after :meth:`Offloader.shutdown` (``shutd
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import enum
 import os
-import pickle
 import threading
 from collections import Counter
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from .. import _serialize
-from .._transport import Response
 from . import pool as _workers
-from .child import LIFT_BUDGET, Destination, Slot
+from .child import LIFT_BUDGET, Slot
 
 if TYPE_CHECKING:
     from .._capture.spans import Span
     from .._config import Config
 
-__all__ = ["FALLBACKS", "Destination", "Job", "Offloader", "SendHere", "Unsent"]
+__all__ = ["FALLBACKS", "Offloader"]
 
 FALLBACKS = (
     "unpicklable",
@@ -55,8 +48,6 @@ FALLBACKS = (
 )
 
 _START_TIMEOUT = 60.0
-# How much longer than twice the export timeout a worker may take to answer for a span it sends.
-_ANSWER_GRACE = 5.0
 # A str or bytes at least this large travels raw, after the pickle.
 MIN_RAW_BYTES = 64 * 1024
 
@@ -80,42 +71,6 @@ class PoolState(str, enum.Enum):
 
 # States in which the next large span starts the pool.
 STARTABLE = frozenset((PoolState.UNSTARTED, PoolState.BROKEN))
-
-
-@dataclasses.dataclass(frozen=True)
-class Unsent:
-    """What :meth:`Offloader.deliver` answers when no answer came from the backend (the caller
-    retries it as any unanswered request)."""
-
-    error: str
-
-    def __str__(self) -> str:
-        return self.error
-
-
-@dataclasses.dataclass(frozen=True)
-class SendHere:
-    """What :meth:`Offloader.deliver` answers when no worker could take the span: the span,
-    encoded here, for the caller to send itself (the reason is counted)."""
-
-    chunk: bytes
-
-
-class Job:
-    """A large span prepared once (the user's hooks ran) and delivered by a worker, as often
-    as the pipeline retries it."""
-
-    __slots__ = ("counted", "encoding", "nbytes", "prepared")
-
-    def __init__(self, prepared: tuple[Any, Any, Any, Any, int], encoding: str, nbytes: int):
-        self.prepared = prepared
-        self.encoding = encoding
-        self.nbytes = nbytes
-        self.counted = False
-
-    def __len__(self) -> int:
-        # What the flusher counts it as in a batch: its estimated encoded size.
-        return self.nbytes
 
 
 class _Lifter:
@@ -171,7 +126,6 @@ class Offloader:
         self.workers = workers or _default_workers()
         self.stats: Counter[str] = Counter()
         self._pool: _workers.Pool | None = None
-        self._last_settings: tuple[Destination, Any, bytes] | None = None
         self._state = PoolState.UNSTARTED
         self._replaced = False
         self._lock = threading.Lock()
@@ -237,63 +191,6 @@ class Offloader:
         _serialize.stats.update(answer.meta)
         return answer.values[0]  # type: ignore[return-value]
 
-    def job(self, span: Span, cfg: Config, encoding: str, nbytes: int) -> Job:
-        """Prepare ``span`` for :meth:`deliver`: the user's hooks run here, once."""
-        return Job(_serialize.prepare(span, cfg), encoding, nbytes)
-
-    async def deliver(self, job: Job, dest: Destination) -> Response | Unsent | SendHere:
-        """Have a worker send ``job`` to ``dest`` as a request of its own.
-
-        Returns the backend's ``Response``; :class:`Unsent` naming the error when no answer
-        came (retry as for any request); or :class:`SendHere` with the encoded span when no worker
-        could take it."""
-        if self._state is not PoolState.RUNNING:
-            await self._ensure_pool()
-        pool = self._pool if self._state is PoolState.RUNNING else None
-        if pool is None:
-            return SendHere(
-                self._finish_inline(*job.prepared, job.encoding, self._fallback_reason())
-            )
-        wire, inputs, output, pol, max_span = job.prepared
-        lifter = _Lifter()
-        inputs = (inputs[0], lifter.lift(inputs[1]))
-        output = (output[0], lifter.lift(output[1]))
-        args = (wire, inputs, output, max_span, self._settings(dest, pol))
-        try:
-            future = pool.submit("deliver", args, lifter.values)
-        except Exception as exc:
-            return SendHere(
-                self._finish_inline(*job.prepared, job.encoding, self._unsent(pool, exc))
-            )
-        try:
-            # The worker's request has the export timeout as its deadline; a worker that has
-            # not answered well past it is stuck (in a system call the deadline cannot reach)
-            # and is replaced, and this span is sent from here, under the same deadline.
-            kind, detail, counts = await asyncio.wait_for(
-                asyncio.wrap_future(future), 2 * dest.http.timeout + _ANSWER_GRACE
-            )
-        except asyncio.TimeoutError:
-            pool.abandon()
-            return SendHere(
-                self._finish_inline(
-                    *job.prepared, job.encoding, self._refused(pool, _workers.WorkerGone("broken"))
-                )
-            )
-        except Exception as exc:
-            return SendHere(
-                self._finish_inline(*job.prepared, job.encoding, self._refused(pool, exc))
-            )
-        if kind == "error":
-            return SendHere(self._finish_inline(*job.prepared, job.encoding, "worker_error"))
-        if not job.counted:
-            job.counted = True
-            self.stats["offloaded"] += 1
-            _serialize.stats.update(counts)
-        if kind == "unsent":
-            return Unsent(detail)
-        status, retry_after, body = detail
-        return Response(status, {"retry-after": retry_after} if retry_after else {}, body)
-
     def _unsent(self, pool: _workers.Pool, exc: Exception) -> str:
         """The fallback reason for a call that could not be queued: the pool's, or else the
         arguments did not pickle (``Pool.submit`` pickles them, once, before anything else)."""
@@ -309,14 +206,6 @@ class Offloader:
                 return "broken_pool"
             return "shutdown"
         return "worker_error"
-
-    def _settings(self, dest: Destination, pol: Any) -> bytes:
-        # Pickled once, not per span: a pickle of the settings and policy cost as much as the
-        # span's own.
-        last = self._last_settings
-        if last is None or last[0] is not dest or last[1] is not pol:
-            last = self._last_settings = (dest, pol, pickle.dumps((dest, pol), protocol=5))
-        return last[2]
 
     def _inline(self, span: Span, cfg: Config, encoding: str, reason: str) -> bytes:
         from .. import _otlp

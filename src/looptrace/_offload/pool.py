@@ -68,7 +68,7 @@ _AUTO_INSTRUMENTATION = os.path.join("opentelemetry", "instrumentation", "auto_i
 
 def _environment() -> dict[str, str]:
     """The application's environment for a worker, without OpenTelemetry's auto-instrumentation:
-    a worker sends looptrace's own requests, which are never traced."""
+    a worker does looptrace's own work, which is never traced."""
     env = dict(os.environ)
     path = env.get("PYTHONPATH")
     if path:
@@ -238,8 +238,8 @@ class Pool:
                 if call is not None:
                     _fail(call.future, WorkerGone(reason))
             ch.calls.put(None)
-        # Killed, not asked: a worker may be in the middle of a long request, and what it held
-        # is given back to the caller (the failed futures) to send itself.
+        # Killed, not asked: a worker may be in the middle of a long call, and what it held
+        # is given back to the caller (the failed futures) to encode itself.
         for ch in channels:
             with contextlib.suppress(Exception):
                 ch.process.kill()
@@ -252,11 +252,6 @@ class Pool:
             ).start()
         except RuntimeError:  # interpreter shutdown: no new threads
             pass
-
-    def abandon(self) -> None:
-        """Stop a pool whose worker stopped answering: its calls fail as ``broken``."""
-        if os.getpid() == self._pid:
-            self._break("broken")
 
     def close(self, wait: bool = True) -> None:
         """Stop the workers; calls not answered yet fail with ``WorkerGone("shutdown")``.
