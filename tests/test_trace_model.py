@@ -493,3 +493,28 @@ def test_direct_encoder_writes_what_the_general_route_writes(case: str) -> None:
     assert enc.encode(span, enc.plan(span)) == general
     written = enc._encode_pb(span, enc.plan(span))
     assert (written is None) is (case == "override")
+
+
+def test_sdk_span_processor_spans_carry_the_block(otlp: OtlpTestServer) -> None:
+    """With the OpenTelemetry SDK and looptrace's span processor, an SDK span started inside a
+    block carries its values (set as the span starts, so the SDK's other exporters see them),
+    and one started outside does not, wherever it ends."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    provider = TracerProvider()
+    provider.add_span_processor(looptrace.otel.SpanProcessor())
+    tracer = provider.get_tracer("sdk.scope")
+    try:
+        with looptrace.attributes(session_id="sdk-session", metadata={"k": "v"}):
+            inside = tracer.start_span("inside")
+        outside_started = tracer.start_span("outside")
+        with looptrace.attributes(session_id="other"):
+            inside.end()
+            outside_started.end()
+        named = {s.name: attributes(s) for s in arrived(otlp, 2)}
+    finally:
+        looptrace.uninstrument_opentelemetry()
+    assert named["inside"][sc.SESSION_ID] == "sdk-session"
+    assert named["inside"][sc.METADATA] == {"k": "v"}
+    assert named["inside"][sc.LANGFUSE_TRACE_METADATA] == {"k": "v"}
+    assert sc.SESSION_ID not in named["outside"]
