@@ -433,6 +433,11 @@ def _shot(page: Any, name: str, tmp_path: Path) -> Path:
     return target
 
 
+def _rows(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The spans a waterfall draws as rows: all but the scores, which show on their span."""
+    return [s for s in spans if s["attributes"].get(sc.SPAN_TYPE) != sc.SPAN_TYPE_SCORE]
+
+
 def _demo_case(store: Store, *, error: bool, experiment_index: int = 0) -> dict[str, Any]:
     experiment = store.list_experiments()[experiment_index]
     full = store.get_experiment(experiment["id"])
@@ -501,7 +506,7 @@ def test_clicking_a_trace_opens_its_waterfall_and_a_span_shows_inputs_and_output
     page.click(f"tr[data-trace-id='{case['trace_id']}'] a")
     page.wait_for_url(f"**/traces/{case['trace_id']}")
     page.wait_for_selector("body[data-ready='1']")
-    spans = store.get_trace(case["trace_id"])
+    spans = _rows(store.get_trace(case["trace_id"]))
     assert page.locator(".wf-row").count() == len(spans)
     root = page.locator(".wf-row").nth(0)
     child = page.locator(".wf-row", has_text="generate")
@@ -950,7 +955,7 @@ def test_the_span_panel_rounds_numbers_shows_stacks_as_lines_and_says_ok(
 def test_a_subtree_folds_and_unfolds(page: Any, store: Store) -> None:
     """The fold toggle hides a span's descendants and brings them back."""
     case = _demo_case(store, error=False)
-    spans = store.get_trace(case["trace_id"])
+    spans = _rows(store.get_trace(case["trace_id"]))
     _open(page, f"/traces/{case['trace_id']}")
     rows = page.locator(".wf-row")
     assert rows.count() == len(spans)
@@ -998,8 +1003,10 @@ def test_a_10000_span_trace_opens_folded_with_a_minimap_and_search_finds_a_deep_
     page.wait_for_selector(".wf-row.selected >> text=batch 0")
     page.keyboard.press("ArrowLeft")
     page.wait_for_function(f"document.querySelectorAll('.wf-row').length === {shown}")
-    page.click("#unfold-all")
-    page.wait_for_function("document.querySelectorAll('.wf-row').length === 10001", timeout=20_000)
+    # Drawing 10,001 rows holds the page's thread inside the click: on a loaded machine that
+    # takes longer than the default 5 s.
+    page.click("#unfold-all", timeout=30_000)
+    page.wait_for_function("document.querySelectorAll('.wf-row').length === 10001", timeout=30_000)
     page.fill("#trace-search", "no such thing")
     page.press("#trace-search", "Enter")
     assert page.locator("#search-count").inner_text() == "no match"
@@ -1117,11 +1124,12 @@ def test_sessions_list_their_traces_users_tokens_and_cost(
     tokens and cost; a cost left out for an unknown model is marked with a "+" and said on
     hover. A session opens on its traces in conversation order, with each turn's input,
     output, tokens and cost."""
-    expected = store.list_sessions()
-    assert [s["session_id"] for s in expected] == [SESSION_B, SESSION_A]
+    expected = [s["session_id"] for s in store.list_sessions()]
+    # The demo's sessions, if it makes any, are newer than the support bot's two.
+    assert expected[-2:] == [SESSION_B, SESSION_A]
     _open(page, "/sessions")
     assert page.locator("[data-nav='sessions']").get_attribute("class") == "active"
-    assert _ids(page, "table.sessions tbody tr", "data-session-id") == [SESSION_B, SESSION_A]
+    assert _ids(page, "table.sessions tbody tr", "data-session-id") == expected
     a = page.locator(f"tr[data-session-id='{SESSION_A}'] td")
     assert a.nth(1).inner_text() == "3"
     assert a.nth(2).inner_text() == "ada@example.com"

@@ -261,7 +261,7 @@ async function sessionsPage() {
     el("button", { type: "submit" }, "Filter"),
     q.get("user") || q.get("range") ? link("/sessions", "clear") : null);
   const rows = sessions.map((s) => el("tr", { "data-session-id": s.session_id },
-    el("td", {}, link(`/sessions/${encodeURIComponent(s.session_id)}`, s.session_id)),
+    el("td", { title: s.session_id }, link(`/sessions/${encodeURIComponent(s.session_id)}`, clipText(s.session_id, 24))),
     el("td", { className: "num" }, String(s.trace_count)),
     el("td", { className: "users" }, usersText(s)),
     el("td", { className: "mono" }, fmtTime(s.first_start_ns)),
@@ -405,6 +405,15 @@ function scoreBadges(scores) {
   return (scores || []).map((sc) => el("span", { className: "score-badge", title: sc.comment || "", "data-score-name": sc.name }, scoreText(sc)));
 }
 
+// On a waterfall row, where the name column is narrow: one score in full, several as a count
+// (each on hover, and in the span's Scores table).
+function rowScoreBadge(scores) {
+  if (!scores?.length) return null;
+  if (scores.length === 1) return scoreBadges(scores);
+  return el("span", { className: "score-badge", title: scores.map((sc) => scoreText(sc) + (sc.comment ? ` — ${sc.comment}` : "")).join("\n") },
+    `${scores.length} scores`);
+}
+
 function scoresTable(scores) {
   return el("table", { className: "grid attributes scores" }, el("tbody", {}, scores.map((sc) => el("tr", { "data-score-name": sc.name },
     el("td", { className: "mono" }, sc.name),
@@ -478,7 +487,7 @@ async function tracePage(traceId) {
     const label = el("div", { className: "label", title: span.name }, toggle,
       el("span", { className: "name" }, span.name),
       el("span", { className: "dur" }, running ? "running" : fmtDuration(span.end_ns - span.start_ns)),
-      scoreBadges(scoresOf.get(span.span_id)),
+      rowScoreBadge(scoresOf.get(span.span_id)),
       lagged ? el("span", { className: "lag-mark", title: "the event loop was blocked while this span ran" }, `⚠ lag ${lag.toFixed(1)} ms`) : null);
     label.style.paddingLeft = `${4 + depth * 14}px`;
     const bar = el("div", { className: `bar${running ? " open" : ""}${lagged ? " lagged" : ""}` });
