@@ -17,7 +17,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .. import _errors
-from .._transport import RetryPolicy, Transport
+from .._transport import RetryPolicy, Transport, off_loop
+from .buffer import Batch
 from .exporter import Exporter
 from .flusher import Flusher, ignore
 from .homes import Home, Waiter, running_asyncio_loop, wait_future
@@ -73,6 +74,15 @@ class Pipeline(Flusher):
             if cfg.spool_durable:
                 # A backoff never holds pending spans in memory longer than a flush interval.
                 self._longest_wait = cfg.flush_interval
+
+    def _failed(self, batch: Batch, error: str, retry_after: float | None) -> None:
+        super()._failed(batch, error, retry_after)
+        if self.shutting_down and self.spool is not None:
+            # A first failure during shutdown: no backoff, and no wait for a batch to gather:
+            # what is held goes to the spool now.
+            self.health.closing()
+            for home in list(self._homes):
+                home.kick(urgent=True)
 
     def _kick(self, urgent: bool) -> Home:
         home = self._home
@@ -309,6 +319,9 @@ class Pipeline(Flusher):
                 await asyncio.wait([home.task], timeout=left)
             elif loop is not None:
                 await asyncio.to_thread(home.done.wait, left)
+        if self.spool is not None:
+            # What is still held is encoded and written to the spool off the loop.
+            await off_loop(self.spool.close)
         self._finish_close()
         return self._result(before, target)
 

@@ -593,7 +593,9 @@ class Spool:
         self._closed = True
         replayer, self._replayer = self._replayer, None
         if replayer is not None:
-            replayer.stop()
+            loop = running_asyncio_loop()
+            # Waited for on looptrace's own threads only: an application's loop never blocks.
+            replayer.stop(wait=loop is None or isinstance(loop, PrivateLoop))
         with self._cond:
             self._cond.wait_for(lambda: self._writes == 0, 5.0)
         # The last flusher to stop and the caller of shutdown may both get here: one spills.
@@ -670,13 +672,13 @@ class Replayer:
         except RuntimeError:  # interpreter exit: the next process sends the spool
             pass
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
         self._stop.set()
         loop, event = self._loop, self._event
         if loop is not None and event is not None:
             with _quiet(), _suppress_runtime():
                 loop.call_soon_threadsafe(event.set)
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
+        if wait and self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(1.0)
         claimed, self._claimed = self._claimed, None
         if claimed is not None:  # still sending: another process sends it again later
