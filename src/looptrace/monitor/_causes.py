@@ -109,7 +109,7 @@ GC_LOG = _GcLog()
 class _Beats:
     """The watchdog's looks, and the pauses they found: where the process did not run."""
 
-    __slots__ = ("last", "noise", "pauses", "period", "recent")
+    __slots__ = ("floor", "last", "noise", "pauses", "period", "recent")
 
     def __init__(self) -> None:
         # (perf_counter, process_time) of the last look: one tuple, so a reader on another
@@ -120,13 +120,16 @@ class _Beats:
         # How late the recent looks came (s), and their median: the machine's wake-up noise.
         self.recent: collections.deque[float] = collections.deque(maxlen=_NOISE_LOOKS)
         self.noise = 0.0
+        # The shortest gap worth calling a pause: half the shortest stall a monitor on this loop
+        # names (its culprit threshold); a shorter one changes no answer and is mostly noise.
+        self.floor = _MIN_PAUSE
 
     def beat(self, period: float) -> None:
         """A look by the watchdog, which asked to sleep ``period`` seconds since the last one."""
         now, cpu = _perf(), _cpu()
         (then, then_cpu), self.last = self.last, (now, cpu)
         gap = now - then
-        off = _off_time(gap, period, cpu - then_cpu, self.noise)
+        off = _off_time(gap, period, cpu - then_cpu, self.noise, self.floor)
         if off > 0.0:
             self.pauses.append((now - off, now))
         else:
@@ -144,7 +147,7 @@ class _Beats:
             if b > start and a < end:
                 total += min(b, end) - max(a, start)
         then, then_cpu = self.last
-        off = _off_time(end - then, self.period, _cpu() - then_cpu, self.noise)
+        off = _off_time(end - then, self.period, _cpu() - then_cpu, self.noise, self.floor)
         if off > 0.0:
             a = end - off
             if a < end and end > start:
@@ -152,12 +155,14 @@ class _Beats:
         return min(total, max(0.0, end - start))
 
 
-def _off_time(gap: float, period: float, cpu: float, noise: float = 0.0) -> float:
+def _off_time(
+    gap: float, period: float, cpu: float, noise: float = 0.0, floor: float = _MIN_PAUSE
+) -> float:
     """Of a ``gap`` between two looks (the watchdog asked for ``period``), how long the process
     did not run: the extra time past the usual ``noise``, less the CPU the process used
-    meanwhile; nothing unless that is well past the noise."""
+    meanwhile; nothing unless that is well past the noise, and at least ``floor``."""
     late = gap - period
-    if late < max(_MIN_PAUSE, _NOISE_FACTOR * noise):
+    if late < max(floor, _NOISE_FACTOR * noise):
         return 0.0
     off = late - noise - max(cpu, 0.0)
     return off if off >= _MIN_PAUSE else 0.0

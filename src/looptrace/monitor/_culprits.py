@@ -24,7 +24,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ._causes import GC_LOG, _Beats, describe_gc, describe_pause
+from ._causes import _MIN_PAUSE, GC_LOG, _Beats, describe_gc, describe_pause
 from ._frames import _CORO_FLAGS as _CORO_FLAGS
 from ._frames import _DEMO_FILE as _DEMO_FILE
 from ._frames import _LOOPTRACE_DIR as _LOOPTRACE_DIR
@@ -167,6 +167,8 @@ class _Watch:
         naming = [m for m in self.monitors if m._culprit_watch]
         self.hooked = bool(naming)
         self.threshold = min((m._threshold for m in naming), default=0.1)
+        shortest = min((m._threshold for m in self.monitors), default=0.0)
+        self.beats.floor = max(_MIN_PAUSE, shortest / 2)
 
     # -- watchdog thread ---------------------------------------------------------------------
 

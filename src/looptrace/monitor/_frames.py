@@ -101,14 +101,15 @@ def _own_work(frames: list[_Frame]) -> str | None:
     packages are passed over (they ran for whoever called them); the first other frame decides:
     the user's code, or looptrace's decorators passing a call through to it, make the work the
     user's; any other looptrace frame makes it looptrace's own. Its name is
-    ``"looptrace start-up"`` when it was importing, else ``"looptrace (<entry>)"``, naming the
-    outermost looptrace frame of that call.
+    ``"looptrace start-up"`` when code was being loaded, else ``"looptrace (<entry>)"``, naming
+    the outermost looptrace frame of that call.
     """
-    importing = False
+    # Loading code (the import system anywhere on the stack, or a module's top level running)
+    # is start-up, whichever frame the sample caught.
+    importing = any(f[0].startswith(_IMPORTING) or f[1] == "<module>" for f in frames)
     for i in range(len(frames) - 1, -1, -1):
         filename = frames[i][0]
         if filename.startswith(_IMPORTING):
-            importing = True
             continue
         if _is_looptrace(filename):
             if filename in _PASS_THROUGH:

@@ -321,6 +321,12 @@ class LagMonitor:
                 gc_s, generation, where = GC_LOG.during(ran - lag, ran)
                 if gc_s >= counted / 2:
                     cause = describe_gc(gc_s, generation, where)
+            if floor and counted and watch is not None:
+                # A stall no step measured, seen by this ticker: every monitor on the loop
+                # counts it (theirs may tick at another phase and see less of it).
+                for other in watch.monitors:
+                    if other is not self:
+                        other._hist.note_stall(counted, cause)
         self._hist.record(lag, due_ns, counted, unscheduled, own, cause)
         return stall
 

@@ -4,12 +4,14 @@ Every tick pushes its stall (its lag, less the time the process did not run and 
 work) onto its monitor's monotonic max-stack (``_push_tick``). While any
 monitor runs, one end hook (``_span_end``) gives each span that ends on a monitored loop's
 thread ``looptrace.loop.lag_max_ms``: a bisect of the span's start over the stack, with no
-clock reading. ``blocked_ns`` reads the same ticks' running total of lag.
+clock reading (one, only when the loop is late at that very moment). ``blocked_ns`` reads the
+same ticks' running total of lag.
 """
 
 from __future__ import annotations
 
 import bisect
+import time
 from typing import TYPE_CHECKING
 
 from ._hook import _watch_get, _watches
@@ -21,6 +23,8 @@ if TYPE_CHECKING:
     from ._monitor import LagMonitor
 
 _bisect_left = bisect.bisect_left
+_perf = time.perf_counter
+_EXPLAIN_NS = 2_000_000
 
 
 def _push_tick(monitor: LagMonitor, due_ns: int, ran_ns: int, lag_ns: int, bucket: int) -> None:
@@ -66,10 +70,15 @@ def _span_end(span: Span) -> None:
             worst = late
     # The pending tick may be late right now (a stall inside this span that ends before the
     # loop gets to run the ticker): count what it has built up, but never more than the span's
-    # own duration. All in span-clock nanoseconds: no clock reading here.
+    # own duration. All in span-clock nanoseconds.
     end = span.end_ns
     pending = end - monitor._due_ns
     if pending > worst:
+        if pending > _EXPLAIN_NS and monitor._watch is not None:
+            # Rare (the loop is late right now): leave out the time the process did not run,
+            # as the tick will when it runs.
+            now = _perf()
+            pending -= int(monitor._watch.beats.unscheduled(now - pending / 1e9, now) * 1e9)
         duration = end - start
         worst = pending if pending < duration else max(duration, worst)
     value = worst // 1000 / 1e3 if worst > 0 else 0.0  # ms, to the microsecond

@@ -151,6 +151,12 @@ async def _stop_monitor(monitor: Any, record: _TestRecord, gate: _Gate) -> None:
         stalled = max([snap.max_ms, *(c.duration_ms for c in culprits)])
         worst = max(counted, key=lambda c: c.duration_ms, default=None)
         cause = ""
+        if pause >= stalled / 2 and (worst is None or worst.duration_ms < stalled):
+            worst = None
+            cause = (
+                f"process not scheduled for {pause:.0f} ms (the machine was busy or the "
+                "process was stopped)"
+            )
     else:
         # The test's own: the worst stall, and the culprits its code (or its garbage) caused.
         counted = [c for c in culprits if c.charged]
