@@ -480,3 +480,45 @@ def test_looptrace_show_prints_a_score_under_the_span_it_scores(
     assert "│    score helpful = 1 (thumbs up): fixed it" in rest[0]
     assert not any(line.lstrip("│├└─ ").startswith("gen_ai.evaluation.result") for line in rest)
     assert any("cost $0.0020" in line and "llm:" in line for line in rest)
+
+
+async def test_the_public_attributes_and_score_reach_the_session_views(tmp_path: Path) -> None:
+    """End to end through the public API: spans inside ``looptrace.attributes(...)`` join the
+    session and user, and match the tag and metadata filters; ``looptrace.score(...)`` on an
+    ended span shows as that span's score, counted on its trace, not as one of its spans."""
+    path = tmp_path / "public.db"
+    looptrace.configure(store_path=str(path), flush_interval=0.05, service_name="chat")
+
+    @looptrace.traced
+    async def answer(message: str) -> str:
+        with looptrace.span("step"):
+            return message[::-1]
+
+    async with looptrace.attributes(
+        session_id="conv-9", user_id="ada", tags=["beta"], metadata={"plan": "pro", "seats": 3}
+    ):
+        await answer("first")
+        with looptrace.span("second turn") as turn:
+            await answer("second")
+    looptrace.score(turn, "helpful", 1.0, label="thumbs up", comment="right answer")
+    assert (await looptrace.flush(10)).ok
+    with Store(path) as store:
+        session = store.get_session("conv-9")
+        assert session is not None
+        assert (session["trace_count"], session["user_ids"], session["score_count"]) == (
+            2,
+            ["ada"],
+            1,
+        )
+        listed = store.list_traces(user="ada", tags=["beta"], metadata=[("seats", "3")])
+        assert {t["trace_id"] for t in listed} == {t["trace_id"] for t in session["traces"]}
+        scored = store.get_trace_summary(f"{turn.trace_id:032x}")
+        assert scored is not None and (scored["score_count"], scored["span_count"]) == (1, 3)
+        (score,) = [
+            s
+            for s in store.get_trace(f"{turn.trace_id:032x}")
+            if s["attributes"].get(sc.SPAN_TYPE) == sc.SPAN_TYPE_SCORE
+        ]
+    assert score["parent_span_id"] == f"{turn.span_id:016x}"
+    assert score["attributes"][sc.GEN_AI_EVALUATION_NAME] == "helpful"
+    assert score["attributes"][sc.GEN_AI_EVALUATION_SCORE_LABEL] == "thumbs up"
