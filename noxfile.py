@@ -97,3 +97,15 @@ def docs(session: nox.Session) -> None:
     """Strict docs build: every page in docs/ must be reachable and every link must resolve."""
     session.install("mkdocs>=1.5")
     session.run("mkdocs", "build", "--strict", "--site-dir", "build/site")
+
+
+@nox.session(python=PYTHON)
+def agents(session: nox.Session) -> None:
+    """The agent-framework integrations (looptrace.integrations) with the frameworks
+    themselves: the OpenAI Agents SDK, LangChain and LangGraph, pydantic-ai and LiteLLM
+    (tests/agents). The `agents` extra brings about a hundred packages, so it has a session of
+    its own, on one Python, apart from `tests`."""
+    session.install("-e", ".[test,agents]")
+    # LiteLLM fetches its price map from the network at import unless told to use its own copy.
+    env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    session.run("python", "-m", "pytest", "-q", "tests/agents", *session.posargs, env=env)

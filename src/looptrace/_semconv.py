@@ -194,3 +194,30 @@ OI_KINDS = {
     "reranker": OI_RERANKER,
     "guardrail": OI_GUARDRAIL,
 }
+
+# -- Agent frameworks (looptrace.integrations) ------------------------------------------------
+# The GenAI names the agent, tool and retrieval spans of the framework integrations add.
+GEN_AI_TOOL_TYPE = "gen_ai.tool.type"
+GEN_AI_TOOL_DESCRIPTION = "gen_ai.tool.description"
+GEN_AI_TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
+GEN_AI_TOOL_CALL_RESULT = "gen_ai.tool.call.result"
+GEN_AI_DATA_SOURCE_ID = "gen_ai.data_source.id"
+GEN_AI_OP_TEXT_COMPLETION = "text_completion"
+GEN_AI_OP_RETRIEVAL = "retrieval"
+GEN_AI_OP_INVOKE_WORKFLOW = "invoke_workflow"
+# What the conventions have no name for: an agent's tools and handoffs (lists of names), a
+# handoff's two agents, whether a guardrail tripped, and the framework a span came from.
+AGENT_TOOLS = "looptrace.agent.tools"
+AGENT_HANDOFFS = "looptrace.agent.handoffs"
+AGENT_OUTPUT_TYPE = "looptrace.agent.output_type"
+HANDOFF_FROM = "looptrace.handoff.from"
+HANDOFF_TO = "looptrace.handoff.to"
+GUARDRAIL_TRIGGERED = "looptrace.guardrail.triggered"
+FRAMEWORK = "looptrace.framework"
+# A framework's own run or span id, so a span can be found from the framework's logs.
+FRAMEWORK_RUN_ID = "looptrace.framework.run_id"
+# A framework span's own data that has no convention (a custom span's dict, MCP details), JSON.
+FRAMEWORK_DATA = "looptrace.framework.data"
+# A LangGraph node's name and superstep, on the span of the node's run.
+LANGGRAPH_NODE = "looptrace.langgraph.node"
+LANGGRAPH_STEP = "looptrace.langgraph.step"

@@ -1,0 +1,72 @@
+"""The agent-framework integrations' tests (``nox -s agents``), with the frameworks themselves.
+
+The frameworks are not in the ``test`` extra (the ``agents`` extra brings them): a file is
+collected only where its framework is installed, so ``nox -s tests`` on a machine without them
+skips this folder, and ``nox -s agents`` installs them and runs it alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Iterator
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+
+# LiteLLM fetches its model price map from the network when it is imported, unless told to
+# use the copy it ships.
+os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+_NEEDS = {
+    "test_openai_agents.py": "agents",
+    "test_langchain.py": "langchain_core",
+    "test_langgraph.py": "langgraph",
+    "test_pydantic_ai.py": "pydantic_ai",
+    "test_litellm.py": "litellm",
+}
+collect_ignore_glob = [name for name, module in _NEEDS.items() if find_spec(module) is None]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _prices() -> None:
+    """The price table loaded before any test's event loop runs, as an application that
+    instruments at start-up has it (a handler made on a loop loads it in a thread)."""
+    from looptrace.integrations import _common
+
+    _common.load_prices()
+
+
+@pytest.fixture
+def no_blocking() -> Iterator[None]:
+    """Fails the test when looptrace's code makes a blocking call (a sleep, a blocking socket
+    or file operation) while an application's event loop runs: the frameworks call these
+    integrations on their loop."""
+    from blockbuster import BlockBuster
+
+    from looptrace._export.homes import PrivateLoop
+
+    def on_private_loop() -> bool:
+        try:
+            return isinstance(asyncio.get_running_loop(), PrivateLoop)
+        except RuntimeError:
+            return True
+
+    buster = BlockBuster(
+        scanned_modules=["looptrace"], excluded_modules=["looptrace._store", "looptrace.testing"]
+    )
+    for function in buster.functions.values():
+        function.can_block_in("looptrace/_export/__init__.py", {"flush_sync", "shutdown_sync"})
+        allowed = function.can_block_predicate
+        function.can_block_predicate = lambda *a, _allowed=allowed, **k: (
+            on_private_loop() or _allowed(*a, **k)
+        )
+    buster.activate()
+    try:
+        yield
+    finally:
+        buster.deactivate()

@@ -1,0 +1,244 @@
+"""LangChain runs as looptrace spans: real runnables, langchain-core's own fake chat models,
+the spans read back from a real OTLP server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from agents_support import atree, tree
+from langchain_core.callbacks import CallbackManagerForRetrieverRun
+from langchain_core.documents import Document
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import RunnableLambda, RunnableParallel
+from langchain_core.tools import tool
+
+import looptrace
+from fake_llm_server import attributes
+from genai_support import otlp
+from looptrace.integrations.langchain import (
+    Handler,
+    instrument_langchain,
+    uninstrument_langchain,
+)
+from otlp_server import OtlpTestServer
+
+__all__ = ["otlp"]  # a fixture, used by name
+
+REPLY = "Sunny in Paris"
+USAGE = {"input_tokens": 11, "output_tokens": 3, "total_tokens": 14}
+
+
+class ChatModel(GenericFakeChatModel):
+    """langchain-core's fake chat model, describing itself as ChatOpenAI does (provider and
+    model in its LangSmith parameters), answering with usage as a provider's reply has."""
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params["ls_provider"] = "openai"
+        params["ls_model_name"] = "gpt-4o-mini"
+        params["ls_temperature"] = 0.2
+        return params
+
+
+def model(*replies: AIMessage) -> ChatModel:
+    if not replies:
+        replies = (AIMessage(content=REPLY, usage_metadata=USAGE),)  # type: ignore[arg-type]
+    return ChatModel(messages=iter(replies))
+
+
+class Shelf(BaseRetriever):
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        return [Document(page_content=f"about {query}", metadata={"source": "shelf"})]
+
+
+@pytest.fixture
+def instrumented() -> Iterator[None]:
+    instrument_langchain()
+    yield
+    uninstrument_langchain()
+
+
+def chain(chat: ChatModel) -> Any:
+    prompt = ChatPromptTemplate.from_messages(
+        [("system", "Be terse."), ("human", "Weather in {city}?")]
+    )
+    return prompt | chat | StrOutputParser()
+
+
+async def test_a_chain_is_a_tree_under_the_caller(otlp: OtlpTestServer, no_blocking: None) -> None:
+    """``callbacks=[Handler()]``: a prompt | chat model | parser chain is one CHAIN span with
+    a span per step, under the caller's span; the chat model's span is an LLM CLIENT span with
+    provider, model, tokens, the conversation, and a cost from the price table."""
+    with looptrace.span("caller"):
+        out = await chain(model()).ainvoke({"city": "Paris"}, config={"callbacks": [Handler()]})
+    assert out == REPLY
+
+    spans = await atree(otlp, 5)
+    spans.assert_one_trace()
+    sequence = spans.one("RunnableSequence")
+    assert spans.parent_name(sequence) == "caller"
+    for name in ("ChatPromptTemplate", "chat gpt-4o-mini", "StrOutputParser"):
+        assert spans.parent(spans.one(name)) is sequence, name
+    s = attributes(sequence)
+    assert s["openinference.span.kind"] == "CHAIN"
+    assert s["input.value"] == {"city": "Paris"}
+    assert s["output.value"] == f'"{REPLY}"'  # a JSON string
+
+    llm = spans.one("chat gpt-4o-mini")
+    assert llm.kind == 3  # CLIENT
+    a = attributes(llm)
+    assert a["openinference.span.kind"] == "LLM"
+    assert a["gen_ai.operation.name"] == "chat"
+    assert a["gen_ai.provider.name"] == "openai"
+    assert a["gen_ai.request.model"] == "gpt-4o-mini"
+    assert a["gen_ai.request.temperature"] == 0.2
+    assert a["gen_ai.usage.input_tokens"] == 11
+    assert a["gen_ai.usage.output_tokens"] == 3
+    assert a["gen_ai.system_instructions"] == [{"type": "text", "content": "Be terse."}]
+    assert a["gen_ai.input.messages"] == [
+        {"role": "user", "parts": [{"type": "text", "content": "Weather in Paris?"}]}
+    ]
+    assert a["gen_ai.output.messages"][0]["parts"] == [{"type": "text", "content": REPLY}]
+    assert a["llm.cost.total"] > 0
+
+
+async def test_streaming_records_the_first_chunk(otlp: OtlpTestServer) -> None:
+    """``astream``: the chat model's span says it streamed and when the first chunk came,
+    and ends when the stream does."""
+    chunks = []
+    with looptrace.span("caller"):
+        async for chunk in chain(model()).astream(
+            {"city": "Paris"}, config={"callbacks": [Handler()]}
+        ):
+            chunks.append(chunk)
+    assert "".join(chunks) == REPLY
+    spans = await atree(otlp, 5)
+    spans.assert_one_trace()
+    a = spans.attrs("chat gpt-4o-mini")
+    assert a["gen_ai.request.stream"] is True
+    assert a["gen_ai.response.time_to_first_chunk"] >= 0
+    assert "gen_ai.first_token" in [e.name for e in spans.one("chat gpt-4o-mini").events]
+
+
+async def test_instrument_langchain_traces_every_run_once(
+    otlp: OtlpTestServer, instrumented: None
+) -> None:
+    """After ``instrument_langchain()`` a run with no callbacks is traced, and a run given a
+    Handler by hand as well is traced once, not twice."""
+    with looptrace.span("caller"):
+        await chain(model()).ainvoke({"city": "Paris"})
+        await chain(model()).ainvoke({"city": "Rome"}, config={"callbacks": [Handler()]})
+    spans = await atree(otlp, 9)
+    spans.assert_one_trace()
+    assert len(spans.named("RunnableSequence")) == 2
+    assert len(spans.named("chat gpt-4o-mini")) == 2
+
+
+async def test_uninstrument_langchain_stops_tracing(otlp: OtlpTestServer) -> None:
+    """After ``uninstrument_langchain()``, runs without a handler record nothing."""
+    instrument_langchain()
+    uninstrument_langchain()
+    with looptrace.span("caller"):
+        await chain(model()).ainvoke({"city": "Paris"})
+    assert (await atree(otlp, 1)).names() == ["caller"]
+
+
+async def test_tools_and_their_errors(otlp: OtlpTestServer, instrumented: None) -> None:
+    """A tool call is an execute_tool TOOL span with its arguments, result and call id; a tool
+    that raises marks its span failed with error.type and the exception, and the exception
+    reaches the caller unchanged."""
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        with looptrace.span("weather lookup"):
+            return f"sunny in {city}"
+
+    @tool
+    def broken(city: str) -> str:
+        """Always fails."""
+        raise ConnectionError("weather service down")
+
+    with looptrace.span("caller"):
+        result = await get_weather.ainvoke(
+            {"args": {"city": "Paris"}, "id": "call_7", "name": "get_weather", "type": "tool_call"}
+        )
+        with pytest.raises(ConnectionError):
+            broken.invoke({"city": "Paris"})
+    assert result.content == "sunny in Paris"
+
+    spans = await atree(otlp, 4)
+    spans.assert_one_trace()
+    assert spans.parent_name(spans.one("weather lookup")) == "execute_tool get_weather"
+    ok = spans.attrs("execute_tool get_weather")
+    assert ok["openinference.span.kind"] == "TOOL"
+    assert ok["gen_ai.tool.name"] == "get_weather"
+    assert ok["gen_ai.tool.call.id"] == "call_7"
+    assert ok["gen_ai.tool.call.arguments"] == {"city": "Paris"}
+    assert ok["gen_ai.tool.call.result"] == "sunny in Paris"
+    assert ok["gen_ai.tool.description"] == "The weather in a city."
+    failed = spans.one("execute_tool broken")
+    assert failed.status.code == 2
+    assert attributes(failed)["error.type"] == "ConnectionError"
+    assert [e.name for e in failed.events] == ["exception"]
+
+
+async def test_retriever_and_parallel_branches(otlp: OtlpTestServer, instrumented: None) -> None:
+    """Parallel branches run concurrently each nest under the parallel step, and a
+    retriever is a RETRIEVER span with its query and documents."""
+    branches = RunnableParallel(
+        docs=Shelf(),
+        upper=RunnableLambda(lambda q: q.upper(), name="upper"),
+    )
+    with looptrace.span("caller"):
+        out = await branches.ainvoke("paris")
+    assert out["upper"] == "PARIS"
+
+    spans = await atree(otlp, 4)
+    spans.assert_one_trace()
+    parallel = spans.one("RunnableParallel<docs,upper>")
+    retrieval = spans.one("retrieval Shelf")
+    assert spans.parent(retrieval) is parallel
+    assert spans.parent(spans.one("upper")) is parallel
+    r = attributes(retrieval)
+    assert r["openinference.span.kind"] == "RETRIEVER"
+    assert r["gen_ai.operation.name"] == "retrieval"
+    assert r["input.value"] == '"paris"'  # a JSON string
+    assert r["output.value"] == [{"page_content": "about paris", "metadata": {"source": "shelf"}}]
+
+
+async def test_concurrent_callers_stay_apart(otlp: OtlpTestServer, instrumented: None) -> None:
+    """Chains gathered concurrently, each under its own caller span, land in their caller's
+    trace each."""
+
+    async def one(i: int) -> None:
+        with looptrace.span(f"caller {i}"):
+            await chain(model()).ainvoke({"city": "Paris"})
+
+    await asyncio.gather(*(one(i) for i in range(4)))
+    spans = await atree(otlp, 4 * 5)
+    for i in range(4):
+        caller = spans.one(f"caller {i}")
+        assert len([s for s in spans.spans if s.trace_id == caller.trace_id]) == 5
+
+
+def test_a_failing_chat_model_records_error_type(otlp: OtlpTestServer, instrumented: None) -> None:
+    """A chat model that raises: its span and the chain's are failed, with error.type."""
+    chat = model()
+    chat.messages = iter(())  # nothing left to say: the fake raises StopIteration's wrapper
+    with pytest.raises(Exception) as raised, looptrace.span("caller"):
+        chain(chat).invoke({"city": "Paris"})
+    spans = tree(otlp, 4)
+    llm = spans.one("chat gpt-4o-mini")
+    assert llm.status.code == 2
+    assert attributes(llm)["error.type"].endswith(type(raised.value).__name__)
+    assert spans.one("RunnableSequence").status.code == 2
