@@ -370,7 +370,7 @@ def test_llm_spans_and_experiment_tokens(tmp_path: Path) -> None:
         "gen_ai.usage.input_tokens": 12,
         "gen_ai.usage.output_tokens": 5,
         "gen_ai.response.finish_reasons": ["stop"],
-        "looptrace.genai.time_to_first_chunk_ms": 42.5,
+        "gen_ai.response.time_to_first_chunk": 0.0425,
     }
     common = {"looptrace.experiment.id": f"{0xE5:032x}", "looptrace.experiment.name": "llm"}
     case = {**common, "looptrace.case.index": 0, "looptrace.case.repetition": 0}

@@ -93,7 +93,7 @@ LLM_ATTRIBUTES = {
     "gen_ai.usage.input_tokens": 12,
     "gen_ai.usage.output_tokens": 7,
     "gen_ai.response.finish_reasons": ["tool_calls"],
-    "looptrace.genai.time_to_first_chunk_ms": 42.5,
+    "gen_ai.response.time_to_first_chunk": 0.0425,
     "gen_ai.system_instructions": '[{"type": "text", "content": "Be terse."}]',
     "gen_ai.input.messages": '[{"role": "user", "parts": [{"type": "text", "content": '
     '"Weather in Paris?"}]}]',

@@ -153,9 +153,9 @@ def _llm_line(attrs: dict[str, Any]) -> str:
     cost = attrs.get(sc.LLM_COST_TOTAL)
     if isinstance(cost, (int, float)) and not isinstance(cost, bool):
         text += f"  cost {fmt_cost(float(cost))}"
-    first = attrs.get("looptrace.genai.time_to_first_chunk_ms")
-    if isinstance(first, (int, float)):
-        text += f"  first chunk {first:.1f}ms"
+    first = attrs.get(sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK)  # seconds
+    if isinstance(first, (int, float)) and not isinstance(first, bool):
+        text += f"  first chunk {first * 1000:.1f}ms"
     reasons = attrs.get("gen_ai.response.finish_reasons")
     if isinstance(reasons, list) and reasons:
         text += f"  finish {','.join(str(r) for r in reasons)}"

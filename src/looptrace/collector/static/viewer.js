@@ -763,7 +763,9 @@ function llmDetails(span) {
   if (!("gen_ai.operation.name" in a)) return [];
   const model = a["gen_ai.response.model"] || a["gen_ai.request.model"] || "?";
   const tokensIn = a["gen_ai.usage.input_tokens"], tokensOut = a["gen_ai.usage.output_tokens"];
-  const first = a["looptrace.genai.time_to_first_chunk_ms"];
+  // The conventions' time to the first chunk is in seconds.
+  const firstS = a["gen_ai.response.time_to_first_chunk"];
+  const first = typeof firstS === "number" ? firstS * 1000 : undefined;
   const blocked = a["looptrace.genai.loop_blocked_ms"];
   const reasons = parsed(a["gen_ai.response.finish_reasons"]);
   const facts = [
