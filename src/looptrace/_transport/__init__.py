@@ -9,12 +9,12 @@ tests, and the retry policy that decides what a response means.
 The pipeline owns the loop and the concurrency; a transport only sends one body at a time per
 call and may be called concurrently.
 
-    settings   HttpSettings: where and how, shared with the worker processes (no asyncio)
+    settings   HttpSettings: where and how (no asyncio)
     http11     the pool on the loop's own transports, h11 doing all HTTP/1.1 framing
     proxy      httpx, for an endpoint the environment routes through a proxy
 
-A worker process imports ``settings``, and so this module: asyncio, h11 and httpx are
-imported where they are used, never here.
+asyncio, h11 and httpx are imported where they are used, never here: importing the settings
+costs the standard library only.
 """
 
 from __future__ import annotations

@@ -1,16 +1,14 @@
-"""How looptrace talks HTTP: one settings object that both the application's client and a
-worker process's client are built from, so a span is sent the same way whichever process
-sends it.
+"""How looptrace talks HTTP: one settings object that the loop's own client and the httpx
+route through a proxy are both built from, so a request goes out the same way on either.
 
-Standard library at import (httpx and certifi on first use): a worker imports this, and a
-worker's start-up is mostly imports.
+Standard library at import (httpx and certifi on first use): a program that reaches its
+backend directly never imports httpx.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import socket
 import ssl
 import threading
 import urllib.parse
@@ -33,9 +31,8 @@ refreshed by a coroutine, or by a thread of the application's, and read here."""
 # On loopback the kernel runs the receiver's side of TCP inside the sender's system calls, and
 # with its own sizing one send takes a whole 4 MB body: 1.6-2.3 ms of the sending thread's CPU
 # on the benchmark machine. A quarter-megabyte send buffer (the kernel doubles it) caps a send
-# at 512 KiB, 0.2-0.4 ms. On the application's loop that bounds each write step; a worker
-# sending a large body pauses for the receiver every few hundred kilobytes, so the loop gets
-# a CPU between its steps. A remote backend keeps the kernel's own sizing, which a long round
+# at 512 KiB, 0.2-0.4 ms. On the application's loop that bounds each write step. A remote
+# backend keeps the kernel's own sizing, which a long round
 # trip needs.
 LOOPBACK_SNDBUF = 256 * 1024
 
@@ -75,8 +72,7 @@ class HttpSettings:
     endpoint, which is always reached directly.
 
     ``headers_provider`` (a :data:`HeadersProvider`) adds headers to each request, over
-    ``headers``; it lives in the application's process only, so with one set, a worker process
-    hands its encoded spans back rather than sending them itself."""
+    ``headers``; it is asked before each request, on the sending loop."""
 
     url: str
     headers: tuple[tuple[str, str], ...] = dataclasses.field(default=(), repr=False)
@@ -104,11 +100,6 @@ class HttpSettings:
             max_connections=cfg.max_concurrent_requests,
             headers_provider=cfg.headers_provider,
         )
-
-    def worker_can_send(self) -> bool:
-        """Whether a worker process can send with these settings as the application does: not
-        with a ``headers_provider``, which lives in the application's process."""
-        return self.headers_provider is None
 
     @property
     def loopback(self) -> bool:
@@ -176,24 +167,6 @@ class HttpSettings:
         import httpx
 
         return httpx.AsyncClient(verify=self.verify(), **self._client_options())
-
-    def sync_client(self) -> httpx.Client:
-        """A worker's client: the same options, and on loopback a small send buffer."""
-        import httpx
-
-        options = self._client_options()
-        if self.loopback:
-            # A transport of our own for the socket options; without a proxy (trust_env is
-            # off for loopback), nothing else differs from the default one.
-            options["transport"] = httpx.HTTPTransport(
-                verify=self.verify(),
-                limits=options.pop("limits"),
-                socket_options=[
-                    (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),
-                    (socket.SOL_SOCKET, socket.SO_SNDBUF, LOOPBACK_SNDBUF),
-                ],
-            )
-        return httpx.Client(verify=self.verify(), **options)
 
 
 _ssl_lock = threading.Lock()
