@@ -1,6 +1,6 @@
-"""The application's process and its worker processes send with the same HTTP settings: a
-backend that needs a private CA, a client certificate or a proxy gets large spans (sent by a
-worker) exactly as it gets small ones (sent by the application's process)."""
+"""One set of HTTP settings for every request: a backend that needs a private CA, a client
+certificate or a proxy gets large spans (encoded by a worker process) exactly as it gets small
+ones."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from otlp_server import OtlpTestServer
 # TLS, client certificates and proxies under asyncio, its debug mode and uvloop.
 pytestmark = pytest.mark.usefixtures("loop_kind")
 
-LARGE = "QUJD" * 200_000  # over the offload threshold: a worker serializes and sends it
+LARGE = "QUJD" * 200_000  # over the offload threshold: a worker serializes and encodes it
 
 
 @looptrace.traced
@@ -51,8 +51,8 @@ def _server_context(ca: trustme.CA, client_ca: trustme.CA | None = None) -> ssl.
 async def test_a_private_ca_from_the_otel_variable_serves_both_processes(
     ca: trustme.CA, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``OTEL_EXPORTER_OTLP_CERTIFICATE`` names the CA that verifies the backend, for the
-    application's client and the worker's alike: both spans arrive, one sent by a worker."""
+    """``OTEL_EXPORTER_OTLP_CERTIFICATE`` names the CA that verifies the backend: both spans
+    arrive, the large one encoded by a worker."""
     ca_file = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
     with OtlpTestServer(tls=_server_context(ca)) as server:
@@ -66,7 +66,7 @@ async def test_a_private_ca_from_the_otel_variable_serves_both_processes(
 
 async def test_without_the_ca_neither_process_sends(ca: trustme.CA) -> None:
     """The same backend without its CA configured: certifi's bundle does not trust it, so
-    neither the application nor a worker sends to it, and the failure is reported."""
+    nothing is sent to it, and the failure is reported."""
     with OtlpTestServer(tls=_server_context(ca)) as server:
         looptrace.configure(endpoint=server.endpoint, flush_interval=0.05, retry_budget=0.3)
         one_small_one_large()
