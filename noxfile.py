@@ -99,6 +99,34 @@ def docs(session: nox.Session) -> None:
     session.run("mkdocs", "build", "--strict", "--site-dir", "build/site")
 
 
+# A real Arize Phoenix installs about 150 packages (its own OpenTelemetry pins among them): a
+# session of its own, apart from `tests`, on one Python in the middle of Phoenix's range
+# (3.11-3.14) that CI has.
+INTEROP_PYTHON = "3.12"
+
+
+@nox.session(python=INTEROP_PYTHON)
+def interop(session: nox.Session) -> None:
+    """looptrace's spans read back from a real Arize Phoenix started on 127.0.0.1
+    (tests/interop: span kinds, session and user, token counts, cost, scores)."""
+    # pip spends 3-6 minutes on Phoenix's packages on a busy 2-core machine; uv, which pip
+    # installs in seconds, about 30 s from an empty cache.
+    session.install("uv>=0.5")
+    session.run(
+        "uv",
+        "pip",
+        "install",
+        "-e",
+        ".[genai]",
+        "arize-phoenix>=20.26",
+        "openai>=1.66",
+        "pytest>=8.0",
+        "pytest-asyncio>=0.23",
+        env={"VIRTUAL_ENV": session.virtualenv.location},
+    )
+    session.run("python", "-m", "pytest", "-q", "-rP", "tests/interop", *session.posargs)
+
+
 @nox.session(python=PYTHON)
 def agents(session: nox.Session) -> None:
     """The agent-framework integrations (looptrace.integrations) with the frameworks
