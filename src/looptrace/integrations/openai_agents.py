@@ -67,18 +67,34 @@ runs = Runs("openai_agents")
 # The SDK span types whose span is made the active looptrace span while it runs: those the SDK
 # runs as ``with`` blocks or marks current itself (the voice pipeline's spans are started in
 # one task and finished in another, and are not).
-_ACTIVATED = (
-    AgentSpanData,
-    FunctionSpanData,
-    GenerationSpanData,
-    ResponseSpanData,
-    GuardrailSpanData,
-    HandoffSpanData,
-    CustomSpanData,
-    TaskSpanData,
-    TurnSpanData,
-    MCPListToolsSpanData,
+_ACTIVATED: frozenset[type[Any]] = frozenset(
+    (
+        AgentSpanData,
+        FunctionSpanData,
+        GenerationSpanData,
+        ResponseSpanData,
+        GuardrailSpanData,
+        HandoffSpanData,
+        CustomSpanData,
+        TaskSpanData,
+        TurnSpanData,
+        MCPListToolsSpanData,
+    )
 )
+_LLM: frozenset[type[Any]] = frozenset((GenerationSpanData, ResponseSpanData))
+
+
+def _kind(data: Any) -> type | None:
+    """The SDK span type ``data`` is (its class, or the known class it derives from). The SDK's
+    span data classes are ABCs, whose isinstance checks cost a microsecond each: the exact
+    class is looked up first."""
+    cls = type(data)
+    if cls in _ACTIVATED:
+        return cls
+    for known in _ACTIVATED:
+        if isinstance(data, known):
+            return known
+    return None
 
 
 def _server(config: Any) -> tuple[str, int] | None:
@@ -158,12 +174,13 @@ class Processor(TracingProcessor):
         parent_entry = runs.get(span.parent_id or span.trace_id)
         parent = parent_entry.span if parent_entry is not None else None
         data = span.span_data
-        name, attributes, kind = _describe_start(data)
+        kind = _kind(data)
+        name, attributes, span_kind = _describe_start(data, kind)
         attributes[sc.FRAMEWORK_RUN_ID] = span.span_id
-        started = start_span(name, attributes, parent, kind)
+        started = start_span(name, attributes, parent, span_kind)
         if not started.is_recording:
             return
-        tokens = _common.activate(started) if isinstance(data, _ACTIVATED) else None
+        tokens = _common.activate(started) if kind is not None else None
         if not runs.add(span.span_id, Open(started, tokens)):
             _common.deactivate(tokens)
 
@@ -175,14 +192,14 @@ class Processor(TracingProcessor):
         _common.deactivate(entry.tokens)
         target = entry.span
         data = span.span_data
-        llm = isinstance(data, (GenerationSpanData, ResponseSpanData))
+        kind = _kind(data)
         try:
-            _describe_end(target, data)
+            _describe_end(target, data, kind)
         finally:
             error = span.error
             if error is not None:
                 _record_error(target, error)
-            elif llm:
+            elif kind in _LLM:
                 _common.price(target)
             target.end()
 
@@ -211,9 +228,9 @@ class Processor(TracingProcessor):
 _flushes: set[asyncio.Task[Any]] = set()
 
 
-def _describe_start(data: Any) -> tuple[str, dict[str, Any], int]:
+def _describe_start(data: Any, kind: type | None) -> tuple[str, dict[str, Any], int]:
     """A new span's name, attributes and kind from what the SDK knows at its start."""
-    if isinstance(data, AgentSpanData):
+    if kind is AgentSpanData:
         return (
             f"{sc.GEN_AI_OP_INVOKE_AGENT} {data.name}",
             {
@@ -224,7 +241,7 @@ def _describe_start(data: Any) -> tuple[str, dict[str, Any], int]:
             },
             SpanKind.INTERNAL,
         )
-    if isinstance(data, FunctionSpanData):
+    if kind is FunctionSpanData:
         return (
             f"{sc.GEN_AI_OP_EXECUTE_TOOL} {data.name}",
             {
@@ -235,40 +252,40 @@ def _describe_start(data: Any) -> tuple[str, dict[str, Any], int]:
             },
             SpanKind.INTERNAL,
         )
-    if isinstance(data, GenerationSpanData):
+    if kind is GenerationSpanData:
         model = data.model or ""
         attributes = _common.llm_attributes(sc.GEN_AI_OP_CHAT, sc.GEN_AI_PROVIDER_OPENAI, model)
         server = _server(data.model_config)
         if server is not None:
             attributes[sc.SERVER_ADDRESS], attributes[sc.SERVER_PORT] = server
         return (f"chat {model}" if model else "chat"), attributes, SpanKind.CLIENT
-    if isinstance(data, ResponseSpanData):
+    if kind is ResponseSpanData:
         attributes = _common.llm_attributes(sc.GEN_AI_OP_CHAT, sc.GEN_AI_PROVIDER_OPENAI, None)
         return "chat", attributes, SpanKind.CLIENT
-    if isinstance(data, HandoffSpanData):
+    if kind is HandoffSpanData:
         return (
             "handoff",
             {sc.OPENINFERENCE_SPAN_KIND: sc.OI_TOOL, sc.HANDOFF_FROM: data.from_agent or ""},
             SpanKind.INTERNAL,
         )
-    if isinstance(data, GuardrailSpanData):
+    if kind is GuardrailSpanData:
         return (
             f"guardrail {data.name}",
             {sc.OPENINFERENCE_SPAN_KIND: sc.OI_GUARDRAIL},
             SpanKind.INTERNAL,
         )
-    if isinstance(data, CustomSpanData):
+    if kind is CustomSpanData:
         return data.name, {sc.OPENINFERENCE_SPAN_KIND: sc.OI_CHAIN}, SpanKind.INTERNAL
-    if isinstance(data, TurnSpanData):
+    if kind is TurnSpanData:
         return (
             f"turn {data.turn}",
             {sc.OPENINFERENCE_SPAN_KIND: sc.OI_CHAIN, sc.GEN_AI_AGENT_NAME: data.agent_name},
             SpanKind.INTERNAL,
         )
-    if isinstance(data, TaskSpanData):
+    if kind is TaskSpanData:
         # One top-level Runner run inside the trace (the trace may hold several).
         return f"run {data.name}", {sc.OPENINFERENCE_SPAN_KIND: sc.OI_CHAIN}, SpanKind.INTERNAL
-    if isinstance(data, MCPListToolsSpanData):
+    if kind is MCPListToolsSpanData:
         server_name = data.server or ""
         return (
             f"mcp list_tools {server_name}".rstrip(),
@@ -279,13 +296,13 @@ def _describe_start(data: Any) -> tuple[str, dict[str, Any], int]:
     return str(getattr(data, "type", "span")), {sc.OPENINFERENCE_SPAN_KIND: sc.OI_CHAIN}, 1
 
 
-def _describe_end(span: Span, data: Any) -> None:
+def _describe_end(span: Span, data: Any, kind: type | None) -> None:
     """What the SDK filled in while the span ran (tokens, output, the tools an agent had)."""
-    if isinstance(data, GenerationSpanData):
+    if kind is GenerationSpanData:
         _end_generation(span, data)
-    elif isinstance(data, ResponseSpanData):
+    elif kind is ResponseSpanData:
         _end_response(span, data)
-    elif isinstance(data, FunctionSpanData):
+    elif kind is FunctionSpanData:
         if _common.content_enabled():
             if data.input is not None:
                 span.set_attribute(sc.GEN_AI_TOOL_CALL_ARGUMENTS, data.input)
@@ -295,7 +312,7 @@ def _describe_end(span: Span, data: Any) -> None:
                 span.set_output(data.output)
         if data.mcp_data:
             span.set_attribute(sc.FRAMEWORK_DATA, data.mcp_data)
-    elif isinstance(data, AgentSpanData):
+    elif kind is AgentSpanData:
         attributes: dict[str, Any] = {}
         if data.tools:
             attributes[sc.AGENT_TOOLS] = list(data.tools)
@@ -305,16 +322,16 @@ def _describe_end(span: Span, data: Any) -> None:
             attributes[sc.AGENT_OUTPUT_TYPE] = data.output_type
         if attributes:
             span.set_attributes(attributes)
-    elif isinstance(data, HandoffSpanData):
+    elif kind is HandoffSpanData:
         span.name = f"handoff {data.from_agent or '?'} -> {data.to_agent or '?'}"
         span.set_attribute(sc.HANDOFF_FROM, data.from_agent or "")
         span.set_attribute(sc.HANDOFF_TO, data.to_agent or "")
-    elif isinstance(data, GuardrailSpanData):
+    elif kind is GuardrailSpanData:
         span.set_attribute(sc.GUARDRAIL_TRIGGERED, bool(data.triggered))
-    elif isinstance(data, CustomSpanData):
+    elif kind is CustomSpanData:
         if data.data:
             span.set_attribute(sc.FRAMEWORK_DATA, data.data)
-    elif isinstance(data, MCPListToolsSpanData) and data.result:
+    elif kind is MCPListToolsSpanData and data.result:
         span.set_attribute(sc.AGENT_TOOLS, list(data.result))
 
 
