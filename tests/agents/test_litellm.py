@@ -59,8 +59,9 @@ async def test_acompletion_is_an_llm_span_under_the_caller(
     otlp: OtlpTestServer, instrumented: Callback, logged: Logged, no_blocking: None
 ) -> None:
     """``acompletion`` is one LLM CLIENT span under the caller's span: provider, model,
-    sampling parameters, tokens, the conversation, finish reason, and LiteLLM's own cost."""
-    with looptrace.span("caller"):
+    sampling parameters, tokens, the conversation, finish reason, LiteLLM's own cost, and the
+    session and tags of looptrace.attributes()."""
+    with looptrace.attributes(session_id="s-1", tags=["beta"]), looptrace.span("caller"):
         response = await litellm.acompletion(
             model="gpt-4o-mini", messages=MESSAGES, mock_response="Hello there", temperature=0.3
         )
@@ -85,6 +86,8 @@ async def test_acompletion_is_an_llm_span_under_the_caller(
         "parts": [{"type": "text", "content": "Hi"}],
     }
     assert a["gen_ai.output.messages"][0]["parts"] == [{"type": "text", "content": "Hello there"}]
+    assert a["session.id"] == "s-1"  # LiteLLM logs in a copy of the caller's context
+    assert a["tag.tags"] == ["beta"]
     cost = response._hidden_params["response_cost"]
     assert a["llm.cost.total"] == pytest.approx(cost)
     assert a["llm.cost.prompt"] + a["llm.cost.completion"] == pytest.approx(cost)

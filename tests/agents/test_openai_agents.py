@@ -119,15 +119,19 @@ async def test_agent_run_is_a_tree_in_the_callers_trace(
     """An agent run that calls a tool is one trace under the caller's span: the workflow,
     the agent (invoke_agent), its two LLM calls (chat, with model, server, tokens and
     messages) and the tool (execute_tool), with a span the tool's code made inside the tool's
-    span; no span twice, none left open."""
+    span; no span twice, none left open; the session and user of looptrace.attributes() on
+    each."""
     agent = Agent(
         name="forecaster", instructions="Be terse.", tools=[get_weather], model=chat_model(llm)
     )
-    with looptrace.span("caller"):
+    with looptrace.attributes(session_id="s-1", user_id="u-1"), looptrace.span("caller"):
         result = await Runner.run(agent, "Weather in Paris?")
     assert result.final_output == REPLY
 
     spans = await atree(otlp, 10)
+    for span in spans.spans:  # looptrace.attributes() reaches every step of the run
+        assert attributes(span)["session.id"] == "s-1", span.name
+        assert attributes(span)["user.id"] == "u-1", span.name
     spans.assert_one_trace()
     workflow = spans.one("Agent workflow")
     assert spans.parent_name(workflow) == "caller"
