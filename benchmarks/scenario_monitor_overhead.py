@@ -1,7 +1,8 @@
 """What the lag monitor costs a callback-heavy program, side by side in one run.
 
 Workload: 100,000 short tasks (``create_task`` of a tiny coroutine, gathered in chunks of 1,000),
-run with no monitor, with the ticker at its default settings (10 ms), and with the ticker plus
+run with no monitor, with the ticker at its default settings (10 ms, and the watchdog thread
+whose looks tell a pause of the process from a stall), and with the ticker plus
 culprit detection (Handle._run wrapped, watchdog thread, 100 ms threshold). A second workload
 opens a ``looptrace.span`` in every task (sink that drops), so the span-lag hooks are paid too.
 Rounds alternate the modes; the table shows the median CPU time of the process (``process_time``,

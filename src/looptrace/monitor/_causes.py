@@ -139,6 +139,15 @@ class _Beats:
                 self.noise = sorted(self.recent)[len(self.recent) // 2]
         self.period = period
 
+    def may_have_paused(self, start: float, end: float) -> bool:
+        """Whether ``[start, end]`` (``end`` being now) can hold a pause at all: a recorded one
+        ends inside it, or the watchdog is overdue now. No system call: the span hook asks
+        this on its hot path."""
+        pauses = self.pauses
+        if pauses and pauses[-1][1] > start:
+            return True
+        return end - self.last[0] > self.period + self.floor
+
     def unscheduled(self, start: float, end: float) -> float:
         """Time inside ``[start, end]`` (perf_counter, ``end`` being now) the process did not
         run: the pauses the watchdog found, and the one it has not yet woken up to see."""

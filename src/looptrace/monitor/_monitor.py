@@ -306,7 +306,8 @@ class LagMonitor:
         unscheduled = 0.0
         if lag >= _EXPLAIN_S and watch is not None:
             ran = _perf()
-            unscheduled = watch.beats.unscheduled(ran - lag, ran)
+            if watch.beats.may_have_paused(ran - lag, ran):
+                unscheduled = watch.beats.unscheduled(ran - lag, ran)
             own = min(own, lag - unscheduled)
         else:
             ran, own = 0.0, min(own, lag)

@@ -74,11 +74,15 @@ def _span_end(span: Span) -> None:
     end = span.end_ns
     pending = end - monitor._due_ns
     if pending > worst:
-        if pending > _EXPLAIN_NS and monitor._watch is not None:
-            # Rare (the loop is late right now): leave out the time the process did not run,
-            # as the tick will when it runs.
+        watch = monitor._watch
+        if pending > _EXPLAIN_NS and watch is not None:
+            # The loop is late right now: leave out the time the process did not run, as the
+            # tick will when it runs (a clock reading, and a CPU-time call only when the
+            # watchdog saw or is missing a pause).
             now = _perf()
-            pending -= int(monitor._watch.beats.unscheduled(now - pending / 1e9, now) * 1e9)
+            since = now - pending / 1e9
+            if watch.beats.may_have_paused(since, now):
+                pending -= int(watch.beats.unscheduled(since, now) * 1e9)
         duration = end - start
         worst = pending if pending < duration else max(duration, worst)
     value = worst // 1000 / 1e3 if worst > 0 else 0.0  # ms, to the microsecond
