@@ -547,3 +547,47 @@ def test_the_command_shows_sends_and_clears_the_spool(tmp_path: Path) -> None:
     cleared = CliRunner().invoke(cli.main, ["spool", "clear", "--dir", spool_dir, "--yes"])
     assert cleared.exit_code == 0 and "Deleted 5 span(s)" in cleared.output
     assert spooled_files(tmp_path, url) == []
+
+
+def test_an_outage_past_half_the_buffer_spills_to_the_spool_while_running(tmp_path: Path) -> None:
+    """The backend down and the producer paced: once more than half of max_buffer_spans is
+    pending, the oldest go to the spool at each drain instead of waiting to be dropped as
+    buffer_full; memory stays within the bound, every span is accounted for, and the next
+    process sends what was spooled."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1/traces"
+    body = """
+    worst = 0
+    for i in range(1000):
+        with looptrace.span("p%d" % i):
+            pass
+        if i % 50 == 49:
+            time.sleep(0.05)  # a paced producer: drains happen in between
+            worst = max(worst, looptrace.statistics().queued_spans)
+    s = looptrace.statistics()
+    print(json.dumps({"running": s.spooled, "worst": worst}), flush=True)
+    _t["end"] = time.monotonic()
+    """
+    script = program(tmp_path, body)
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        env=environment(tmp_path, url, LOOPTRACE_MAX_BUFFER_SPANS="200"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    running, at_exit = lines[0], lines[-1]
+    assert running["running"] >= 500  # most of it went to disk while the program ran
+    assert running["worst"] <= 200
+    assert at_exit["spooled"] + at_exit["dropped"].get("buffer_full", 0) == 1000
+    assert set(at_exit["dropped"]) <= {"buffer_full"}
+    on_disk = spans_in(spooled_files(tmp_path, url))
+    assert on_disk == at_exit["spooled"]
+    server = OtlpTestServer()
+    server.port = port
+    with server:
+        b, _ = run(tmp_path, REPLAY.format(prefix="b", expect=on_disk), url, "b.py")
+        assert b["replayed"] == on_disk
+        assert server.accepted_record_count == server.accepted_span_count == on_disk + 1
