@@ -19,6 +19,7 @@ import looptrace
 from agents import (
     Agent,
     GuardrailFunctionOutput,
+    ModelSettings,
     OpenAIChatCompletionsModel,
     OpenAIResponsesModel,
     Runner,
@@ -342,3 +343,35 @@ def test_shutdown_and_flush_return_at_once() -> None:
     processor.shutdown(timeout=0.0)
     assert processor.enabled is False
     processor.force_flush()
+
+
+@pytest.mark.parametrize("usage", [True, False])
+async def test_streamed_run_nests_under_the_caller(
+    llm: ScriptedLlm, otlp: OtlpTestServer, instrumented: None, usage: bool
+) -> None:
+    """``Runner.run_streamed``, whose loop the SDK runs in a task of its own: the run's spans
+    are still one tree under the caller's span, the streamed LLM calls with their tokens (and
+    none where the provider reported none: the SDK's zeros are not recorded)."""
+    agent = Agent(
+        name="forecaster",
+        tools=[get_weather],
+        model=chat_model(llm),
+        model_settings=ModelSettings(include_usage=usage),
+    )
+    with looptrace.span("caller"):
+        result = Runner.run_streamed(agent, "Weather in Paris?")
+        events = [event async for event in result.stream_events()]
+    assert events
+    assert result.final_output == REPLY
+
+    spans = await atree(otlp, 10)
+    spans.assert_one_trace()
+    assert spans.parent_name(spans.one("Agent workflow")) == "caller"
+    assert spans.parent_name(spans.one("weather lookup")) == "execute_tool get_weather"
+    chats = spans.named("chat gpt-4o-mini")
+    assert len(chats) == 2
+    for chat in chats:
+        if usage:
+            assert attributes(chat)["gen_ai.usage.input_tokens"] == USAGE_IN
+        else:
+            assert "gen_ai.usage.input_tokens" not in attributes(chat)

@@ -340,10 +340,13 @@ def _usage(attributes: dict[str, Any], usage: Any) -> None:
         return
     inputs = usage.get("input_tokens_details")
     outputs = usage.get("output_tokens_details")
+    input_tokens, output_tokens = usage.get("input_tokens"), usage.get("output_tokens")
+    if not input_tokens and not output_tokens:
+        return  # the SDK's zeros for a call whose usage the provider did not report
     _common.set_usage(
         attributes,
-        usage.get("input_tokens"),
-        usage.get("output_tokens"),
+        input_tokens,
+        output_tokens,
         inputs.get("cached_tokens") if isinstance(inputs, dict) else None,
         None,
         outputs.get("reasoning_tokens") if isinstance(outputs, dict) else None,
