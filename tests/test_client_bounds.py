@@ -187,7 +187,11 @@ async def test_an_answer_that_trickles_in_is_a_failure_within_the_timeout() -> N
     server = Misbehaving("drip")
     try:
         looptrace.configure(
-            endpoint=server.endpoint, export_timeout=0.5, retry_budget=1.0, flush_interval=0.05
+            endpoint=server.endpoint,
+            export_timeout=0.5,
+            retry_budget=1.0,
+            flush_interval=0.05,
+            spool=False,  # given up, not spooled
         )
 
         @looptrace.traced
@@ -223,6 +227,7 @@ async def test_failed_sends_come_back_within_the_byte_budget() -> None:
             max_concurrent_requests=4,
             flush_interval=0.02,
             retry_budget=30,
+            spool=False,  # the buffer's own bound, not the spool's spill
         )
         server.hold()  # the first batches stay in flight
         payload = "p" * 1_000

@@ -68,7 +68,9 @@ async def test_without_the_ca_neither_process_sends(ca: trustme.CA) -> None:
     """The same backend without its CA configured: certifi's bundle does not trust it, so
     nothing is sent to it, and the failure is reported."""
     with OtlpTestServer(tls=_server_context(ca)) as server:
-        looptrace.configure(endpoint=server.endpoint, flush_interval=0.05, retry_budget=0.3)
+        looptrace.configure(
+            endpoint=server.endpoint, flush_interval=0.05, retry_budget=0.3, spool=False
+        )
         one_small_one_large()
         result = await looptrace.flush(timeout=30)
         assert not result.ok

@@ -276,8 +276,8 @@ async def test_shutdown_flushes_then_stops(server: OtlpTestServer) -> None:
 
 def test_shutdown_deadline_drops_and_counts_what_is_left(server: OtlpTestServer) -> None:
     """When the server holds every request, shutdown returns at its deadline and counts the
-    unsent spans as dropped (reason: shutdown)."""
-    use(server, max_concurrent_requests=1, max_batch_spans=5)
+    unsent spans as dropped (reason: shutdown), without a spool (with one they go there)."""
+    use(server, max_concurrent_requests=1, max_batch_spans=5, spool=False)
     server.hold()
     make_spans(20)
     result = looptrace.shutdown_sync(0.5)

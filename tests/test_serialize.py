@@ -1006,8 +1006,11 @@ _json_scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-(10**6), 10**6), st.text(max_size=12)
 )
 _keys = st.sampled_from(
-    ["role", "content", "api_key", "Authorization", "prompt_tokens", "token", 'pass"word', "x\ny"]
-    + ["session_id", "X-Api-Key", "note", "accessToken", "token_count", "tokenizer", "{", ","]
+    [
+        *("role", "content", "api_key", "Authorization", "prompt_tokens", "token", 'pass"word'),
+        *("x\ny", "session_id", "X-Api-Key", "note", "accessToken", "token_count", "tokenizer"),
+        *("{", ","),
+    ]
 )
 _json_values = st.recursive(
     _json_scalars,
