@@ -241,6 +241,11 @@ class SpanEncoder:
             return hooked
         return hooked | (CLEAN if clean else 0)
 
+    @staticmethod
+    def with_scope(chunk: bytes, span: Span) -> bytes:
+        """See :func:`with_scope`."""
+        return with_scope(chunk, span)
+
     def encode(self, span: Span, flags: int, bodies: tuple[bytes, bytes] | None = None) -> bytes:
         """``_otlp.encode_span(_serialize.to_wire(span, cfg), encoding)``, byte for byte;
         faster for the common span. Never raises (as ``to_wire`` never does). ``bodies``: the
@@ -251,11 +256,10 @@ class SpanEncoder:
             except Exception:
                 chunk = None  # the general route reports what went wrong, as it always does
             if chunk is not None:
-                if span.scope is not None:  # made through the OpenTelemetry API
-                    chunk = _otlp.ScopedChunk(chunk)
-                    chunk.scope = span.scope
-                return chunk
-        return _otlp.encode_span(_serialize.to_wire(span, self.cfg), self.encoding)
+                return with_scope(chunk, span)
+        return with_scope(
+            _otlp.encode_span(_serialize.to_wire(span, self.cfg), self.encoding), span
+        )
 
     def steps(self, span: Span, flags: int) -> Generator[None, None, bytes]:
         """:meth:`encode` as a generator that returns the chunk, for a :data:`LARGE` or
@@ -382,3 +386,14 @@ class SpanEncoder:
             blocks.clear()
         block = blocks[site] = _SiteBlock(site, self.pol)
         return block
+
+
+def with_scope(chunk: bytes, span: Span) -> bytes:
+    """``chunk``, marked with the instrumentation scope of a span made through the
+    OpenTelemetry API, so that the request puts it under that scope, whichever route (this
+    process's encoder or a worker's) encoded it."""
+    if span.scope is None:
+        return chunk
+    scoped = _otlp.ScopedChunk(chunk)
+    scoped.scope = span.scope
+    return scoped

@@ -110,7 +110,7 @@ class OtlpHttpExporter:
         )
         offloader = self._offloader
         chunks: list[Sized | None] = [None] * len(spans)
-        offloaded: list[tuple[int, Awaitable[bytes]]] = []
+        offloaded: list[tuple[int, Span, Awaitable[bytes]]] = []
         slices = Slices()
         for i, span in enumerate(spans):
             try:
@@ -124,7 +124,7 @@ class OtlpHttpExporter:
                     # The handoff (hooks, pickling) runs here, inside the time slice, so a
                     # drain of many large spans yields between them; only the results are
                     # awaited.
-                    offloaded.append((i, offloader.submit(span, cfg, encoding)))
+                    offloaded.append((i, span, offloader.submit(span, cfg, encoding)))
                 elif flags & (LARGE | HOOKED):
                     # Many containers (or a hook's value, which the walk has not seen):
                     # orjson's pass and the key scan after it are steps of their own when the
@@ -137,10 +137,10 @@ class OtlpHttpExporter:
             if slices.due():
                 await slices.pause()
         if offloaded:
-            results = await asyncio.gather(*(aw for _, aw in offloaded), return_exceptions=True)
-            for (i, _), result in zip(offloaded, results, strict=True):
+            results = await asyncio.gather(*(aw for _, _, aw in offloaded), return_exceptions=True)
+            for (i, span, _), result in zip(offloaded, results, strict=True):
                 if isinstance(result, bytes):
-                    chunks[i] = result
+                    chunks[i] = self.span_encoder.with_scope(result, span)
                 elif isinstance(result, BaseException):
                     _errors.report_internal("pipeline.offload", result)
         return chunks
