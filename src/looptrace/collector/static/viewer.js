@@ -1028,73 +1028,179 @@ async function comparePage() {
 
 // ---------------------------------------------------------------------------------------------
 // Event-loop lag
+//
+// The figures (worst stall, p99 lag, not scheduled, looptrace's own) come named from /api/lag
+// ("figures"): the page shows them, it does not recompute them, so they read as the CLI's do.
+
+// One colour per process (service and instance), in the order processes first appear: classes
+// s0..s7 of viewer.css (the page's CSP allows no inline style).
+const LAG_COLOURS = 8;
+// Steps a time axis may tick at (ms): round numbers of milliseconds, seconds, minutes, hours.
+const TIME_STEPS = [1, 2, 5, 10, 20, 50, 100, 200, 250, 500, 1e3, 2e3, 5e3, 10e3, 15e3, 30e3,
+  60e3, 120e3, 300e3, 600e3, 900e3, 1800e3, 3600e3, 7200e3, 10800e3, 21600e3, 43200e3, 86400e3];
 
 function lagValue(values, name) {
   const v = values[`${name}_ms`] ?? values[name];
   return typeof v === "number" ? v : null;
 }
 
+// A round step (1, 2 or 5 times a power of ten) that cuts `range` into at most `parts`.
+function roundStep(range, parts) {
+  const raw = range / Math.max(1, parts);
+  const mag = 10 ** Math.floor(Math.log10(raw));
+  for (const m of [1, 2, 5, 10]) if (m * mag >= raw) return m * mag;
+  return 10 * mag;
+}
+
+// 24-hour clock, as every other page: 14:05:09, or 14:05 for steps of a minute or more.
+function clock24(ms, seconds = true) {
+  const d = new Date(ms);
+  const pad = (n) => String(n).padStart(2, "0");
+  return `${pad(d.getHours())}:${pad(d.getMinutes())}${seconds ? `:${pad(d.getSeconds())}` : ""}`;
+}
+
+function fmtOffset(ms, step) {
+  if (step >= 60e3) return `+${Math.round(ms / 60e3)} min`;
+  const decimals = step >= 1e3 ? 0 : Math.max(0, Math.ceil(-Math.log10(step / 1e3) - 1e-9));
+  return `+${(ms / 1e3).toFixed(decimals)} s`;
+}
+
+// Runs far apart (a program started twice, minutes apart) would each be a sliver of one linear
+// axis: the axis is cut into segments where nothing was measured for a while, each drawn to its
+// own scale, with a marked break between them.
+function lagSegments(points) {
+  const sorted = points.slice().sort((a, b) => a.start - b.start);
+  const longest = Math.max(...sorted.map((p) => p.end - p.start), 0);
+  const segments = [];
+  for (const p of sorted) {
+    const last = segments[segments.length - 1];
+    if (last && p.start - last.end <= Math.max(10e9, 2 * longest)) {
+      last.end = Math.max(last.end, p.end, p.t);
+    } else {
+      segments.push({ start: p.start, end: Math.max(p.end, p.t) });
+    }
+  }
+  return segments;
+}
+
 function lagChart(points) {
   // Times are nanoseconds since the epoch, past what a JS number holds exactly: the chart works
-  // in milliseconds from the first summary (x0 + 1 would equal x0 in nanoseconds).
-  const base = Math.min(...points.map((p) => p.start));
-  const rel = (ns) => (ns - base) / 1e6;
-  const W = 960, H = 300, L = 56, R = 16, T = 14, B = 34;
-  const x0 = 0;
-  const x1 = Math.max(...points.map((p) => rel(p.t)), 1);
-  const top = Math.max(1, ...points.map((p) => Math.max(p.p99 ?? 0, p.max ?? 0))) * 1.1;
-  const x = (t) => L + ((rel(t) - x0) / (x1 - x0)) * (W - L - R);
+  // in milliseconds from each segment's start.
+  const W = 960, H = 300, L = 56, R = 16, T = 14, B = 34, GAP = 26;
+  const segments = lagSegments(points);
+  const plot = W - L - R - GAP * (segments.length - 1);
+  const total = segments.reduce((sum, g) => sum + Math.max(g.end - g.start, 1), 0);
+  // Each segment gets its share of the width, and never less than 90 px.
+  let left = L;
+  for (const g of segments) {
+    g.width = Math.max(90, (plot * Math.max(g.end - g.start, 1)) / total);
+  }
+  const scale = plot / segments.reduce((sum, g) => sum + g.width, 0);
+  for (const g of segments) {
+    g.width *= scale;
+    g.left = left;
+    left += g.width + GAP;
+  }
+  const segmentOf = (ns) => segments.find((g) => ns >= g.start && ns <= g.end) || segments[segments.length - 1];
+  const x = (ns) => {
+    const g = segmentOf(ns);
+    const span = Math.max((g.end - g.start) / 1e6, 1e-9);
+    return g.left + (((ns - g.start) / 1e6) / span) * g.width;
+  };
+  const peak = Math.max(...points.map((p) => Math.max(p.p99 ?? 0, p.max ?? 0)), 0);
+  const yStep = roundStep(peak > 0 ? peak : 1, 4);
+  const top = Math.max(yStep, Math.ceil(peak / yStep - 1e-9) * yStep);
   const y = (v) => T + (1 - v / top) * (H - T - B);
   const chart = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "event-loop lag over time" });
-  for (let i = 0; i <= 4; i++) {
-    const v = (top * i) / 4;
+  const yDecimals = yStep >= 1 ? 0 : Math.ceil(-Math.log10(yStep) - 1e-9);
+  for (let v = 0; v <= top + yStep / 2; v += yStep) {
     chart.append(svg("line", { class: "gridline", x1: L, x2: W - R, y1: y(v), y2: y(v) }),
-      svg("text", { x: L - 6, y: y(v) + 4, "text-anchor": "end" }, `${v.toFixed(v < 10 ? 1 : 0)} ms`));
+      svg("text", { class: "y-tick", x: L - 6, y: y(v) + 4, "text-anchor": "end" }, `${v.toFixed(yDecimals)} ms`));
   }
-  // A short run reads better as seconds since its first summary than as clock times.
-  const short = x1 - x0 < 600e3;
-  for (let i = 0; i <= 4; i++) {
-    const ms = x0 + ((x1 - x0) * i) / 4;
-    const label = i === 0 || !short ? new Date(base / 1e6 + ms).toLocaleTimeString() : `+${(ms / 1e3).toFixed(1)} s`;
-    chart.append(svg("text", { x: L + (ms / (x1 - x0)) * (W - L - R), y: H - 12, "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle" }, label));
+  // Time ticks, per segment: its start on the 24-hour clock, then round offsets from it.
+  for (const g of segments) {
+    const span = (g.end - g.start) / 1e6;
+    const step = TIME_STEPS.find((s) => s >= span / Math.max(1, Math.floor(g.width / 90))) || TIME_STEPS[TIME_STEPS.length - 1];
+    const startMs = g.start / 1e6;
+    chart.append(svg("text", { class: "x-tick", x: g.left, y: H - 12, "text-anchor": "start" }, clock24(startMs, step < 60e3)));
+    const last = g === segments[segments.length - 1];
+    for (let k = 1; k * step <= span; k++) {
+      const px = g.left + ((k * step) / Math.max(span, 1e-9)) * g.width;
+      // Room for the run's clock label, and for the next run's.
+      if (px - g.left < 70 || (!last && g.left + g.width - px < 30)) continue;
+      const anchor = last && W - R - px < 24 ? "end" : "middle";
+      chart.append(svg("text", { class: "x-tick", x: px, y: H - 12, "text-anchor": anchor }, fmtOffset(k * step, step)));
+    }
+    chart.append(svg("line", { class: "axis", x1: g.left, x2: g.left + g.width, y1: H - B, y2: H - B }));
   }
-  chart.append(svg("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }), svg("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }));
-  // One series per process (service and instance): lines never join two processes. Within a
-  // series the line breaks where summaries stop (the program was not running): when a window
-  // starts more than a second, and more than half its own length, after the previous ended.
+  segments.slice(1).forEach((g, i) => {
+    const prev = segments[i];
+    const mid = g.left - GAP / 2;
+    const away = (g.start - prev.end) / 1e9;
+    chart.append(svg("g", { class: "axis-break" },
+      svg("line", { x1: mid - 4, x2: mid, y1: H - B + 5, y2: H - B - 5 }),
+      svg("line", { x1: mid, x2: mid + 4, y1: H - B + 5, y2: H - B - 5 }),
+      svg("title", {}, `nothing measured for ${away >= 120 ? `${Math.round(away / 60)} min` : `${Math.round(away)} s`}`)));
+  });
+  chart.append(svg("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }));
+  // One series per process (service and instance), each in its own colour: lines never join
+  // two processes, nor two segments. Within a series the line also breaks where summaries stop
+  // (the program was not running): when a window starts more than a second, and more than half
+  // its own length, after the previous ended.
   const series = new Map();
   for (const p of points) {
     const key = `${p.service ?? ""} ${p.instance ?? ""}`;
-    if (!series.has(key)) series.set(key, []);
-    series.get(key).push(p);
+    if (!series.has(key)) series.set(key, { colour: `s${series.size % LAG_COLOURS}`, points: [], service: p.service, instance: p.instance });
+    series.get(key).points.push(p);
   }
-  for (const [key, pts] of series) {
+  for (const [key, s] of series) {
     for (const kind of ["p99", "max"]) {
-      const own = pts.filter((p) => p[kind] !== null);
+      const own = s.points.filter((p) => p[kind] !== null).sort((a, b) => a.t - b.t);
       let run = [];
       const flush = () => {
-        if (run.length > 1) chart.append(svg("polyline", { class: kind, "data-series": key, points: run.join(" ") }));
+        if (run.length > 1) chart.append(svg("polyline", { class: `${kind} ${s.colour}`, "data-series": key, points: run.join(" ") }));
         run = [];
       };
       own.forEach((p, i) => {
         const prev = own[i - 1];
-        if (prev && p.start - prev.end > Math.max(1e9, 0.5 * (p.end - p.start))) flush();
+        if (prev && (p.start - prev.end > Math.max(1e9, 0.5 * (p.end - p.start)) || segmentOf(prev.t) !== segmentOf(p.t))) flush();
         run.push(`${x(p.t).toFixed(1)},${y(p[kind]).toFixed(1)}`);
       });
       flush();
       for (const p of own) {
-        chart.append(svg("circle", { class: `dot-${kind}`, cx: x(p.t).toFixed(1), cy: y(p[kind]).toFixed(1), r: kind === "p99" ? 3.5 : 2 },
-          svg("title", {}, `${kind} ${p[kind].toFixed(2)} ms at ${new Date(p.t / 1e6).toLocaleTimeString()}${series.size > 1 ? ` (${p.service ?? "?"}, process ${(p.instance ?? "?").slice(0, 8)})` : ""}`)));
+        chart.append(svg("circle", { class: `dot-${kind} ${s.colour}`, "data-series": key, cx: x(p.t).toFixed(1), cy: y(p[kind]).toFixed(1), r: kind === "p99" ? 3.5 : 2 },
+          svg("title", {}, `${kind === "p99" ? "p99 lag" : "worst lag"} ${p[kind].toFixed(2)} ms, window ending ${clock24(p.t / 1e6)}${series.size > 1 ? ` (${p.service ?? "?"}, process ${(p.instance ?? "?").slice(0, 8)})` : ""}`)));
       }
     }
   }
+  const processes = [...series.values()].map((s) => el("span", { className: "process" },
+    el("span", { className: `sw ${s.colour}` }),
+    `${s.service ?? "?"}${series.size > 1 ? ` · process ${(s.instance ?? "?").slice(0, 8)}` : ""}`));
   return el("div", { className: "chart", id: "lag-chart" }, chart,
-    el("div", { className: "legend" }, el("span", {}, el("span", { className: "sw p99" }), "p99"), el("span", {}, el("span", { className: "sw max" }), "max"),
-      series.size > 1 ? el("span", { className: "muted" }, `${series.size} processes, each its own line`) : null));
+    el("div", { className: "legend" },
+      el("span", {}, el("span", { className: "sw kind" }), "p99 lag (solid)"),
+      el("span", {}, el("span", { className: "sw kind dashed" }), "worst lag (dashed)"),
+      processes));
 }
 
+const LAG_FILTERS = ["service", "range"];
+
 async function lagPage() {
-  const data = await api(`/api/lag?limit=500&worst=20`);
+  const q = query();
+  const params = new URLSearchParams({ limit: "500", worst: "20" });
+  if (q.get("service")) params.set("service", q.get("service"));
+  const range = parseInt(q.get("range") || "", 10);
+  if (range > 0) params.set("since_ns", String(BigInt(Date.now() - range * 1000) * 1000000n));
+  const [data, services] = await Promise.all([api(`/api/lag?${params}`), api("/api/services")]);
+  const figures = data.figures || {};
+  const select = (name, options, any) => el("select", { name },
+    el("option", { value: "" }, any),
+    options.map(([value, text]) => el("option", { value, selected: q.get(name) === value }, text)));
+  const form = el("form", { className: "filters", id: "lag-filters", method: "get", action: "/lag" },
+    select("service", services.services.map((s) => [s, s]), "any service"),
+    select("range", TIME_RANGES, "any time"),
+    el("button", { type: "submit" }, "Filter"),
+    LAG_FILTERS.some((k) => q.get(k)) ? link("/lag", "clear") : null);
   const points = data.summaries.slice().reverse().map((s) => ({
     t: s.end_ns || s.start_ns, start: s.start_ns, end: s.end_ns || s.start_ns,
     service: s.service_name, instance: s.instance,
@@ -1107,38 +1213,51 @@ async function lagPage() {
     el("td", { className: `num${w.lag_max_ms > LAG_MARK_MS ? " worse" : ""}` }, `${w.lag_max_ms.toFixed(2)} ms`)));
   const spanLinks = (spans) => spans.map((v, k) => [k ? ", " : "",
     link(`/traces/${encodeURIComponent(v.trace_id)}#span=${encodeURIComponent(v.span_id)}`, v.name)]);
-  const culprits = (data.culprits || []).map((c) => el("tr", { className: "culprit" },
+  const CAUSES = { gc: "garbage collection", looptrace: "looptrace's own work", unscheduled: "process not scheduled" };
+  const culpritRow = (c) => el("tr", { className: "culprit", "data-cause": c.cause || "code" },
     el("td", {},
-      el("div", { className: "mono" }, c.function || "?"),
+      el("div", { className: "mono" }, c.function || "?", CAUSES[c.cause] ? el("span", { className: "badge cause" }, ` ${CAUSES[c.cause]}`) : null),
       el("div", { className: "muted" }, `${c.filepath || "?"}:${c.lineno ?? "?"}${c.task ? ` · task ${c.task}` : ""}`),
       c.stack ? el("details", {}, el("summary", {}, "stack"), el("pre", { className: "stack" }, c.stack)) : null),
     el("td", { className: "num" }, String(c.stalls)),
     el("td", { className: "num worse" }, `${fmtNumber(c.max_ms, 1)} ms`),
     el("td", { className: "num" }, `${fmtNumber(c.total_ms, 1)} ms`),
     el("td", {}, spanLinks(c.in_spans)),
-    el("td", {}, c.waiting ? [spanLinks(c.waiting_spans), c.waiting > c.waiting_spans.length ? ` and ${c.waiting - c.waiting_spans.length} more` : ""] : el("span", { className: "muted" }, "none"))));
-  const maxes = points.map((p) => p.max).filter((v) => v !== null);
-  const p99s = points.map((p) => p.p99).filter((v) => v !== null);
-  show(el("h1", {}, "Event-loop lag"),
+    el("td", {}, c.waiting ? [spanLinks(c.waiting_spans), c.waiting > c.waiting_spans.length ? ` and ${c.waiting - c.waiting_spans.length} more` : ""] : el("span", { className: "muted" }, "none")));
+  const culpritTable = (rows, id) => el("table", { className: "grid culprits", id }, el("thead", {}, el("tr", {},
+      el("th", {}, "Blocking code"), el("th", { className: "num" }, "Stalls"), el("th", { className: "num" }, "Worst stall"),
+      el("th", { className: "num" }, "Total"), el("th", {}, "Blocked in"), el("th", {}, "Spans that waited"))),
+    el("tbody", {}, rows.map(culpritRow)));
+  const culprits = data.culprits || [];
+  const others = data.other_stalls || [];
+  const ms = (v) => (typeof v === "number" ? `${v.toFixed(2)} ms` : "—");
+  const card = (key, label, value, note) => el("div", { className: "card", "data-figure": key },
+    el("div", { className: "k" }, label), el("div", { className: "v" }, value), note ? el("div", { className: "muted note" }, note) : null);
+  const windowNote = figures.window_start_ns
+    ? `${fmtTime(figures.window_start_ns)} to ${fmtTime(figures.window_end_ns)}, ${figures.summaries} summaries, ${figures.processes} process${figures.processes === 1 ? "" : "es"}`
+    : "";
+  show(el("h1", {}, "Event-loop lag"), form,
     el("h2", {}, "What blocked the loop"),
     culprits.length
-      ? el("table", { className: "grid culprits", id: "culprits" }, el("thead", {}, el("tr", {},
-          el("th", {}, "Blocking code"), el("th", { className: "num" }, "Stalls"), el("th", { className: "num" }, "Worst"),
-          el("th", { className: "num" }, "Total"), el("th", {}, "Blocked in"), el("th", {}, "Spans that waited"))),
-        el("tbody", {}, culprits))
+      ? culpritTable(culprits, "culprits")
       : el("p", { className: "muted" }, "No stall recorded: the lag monitor names the code that blocks the loop for longer than its threshold."),
+    others.length
+      ? [el("h3", {}, "Not the program's: looptrace's own work, and pauses of the process"), culpritTable(others, "other-stalls")]
+      : null,
     el("h2", {}, "Lag over time"),
     points.length
       ? [el("div", { className: "cards" },
-          el("div", { className: "card" }, el("div", { className: "k" }, "summaries"), el("div", { className: "v" }, String(points.length))),
-          el("div", { className: "card" }, el("div", { className: "k" }, "worst p99"), el("div", { className: "v" }, p99s.length ? `${Math.max(...p99s).toFixed(2)} ms` : "—")),
-          el("div", { className: "card" }, el("div", { className: "k" }, "worst max"), el("div", { className: "v" }, maxes.length ? `${Math.max(...maxes).toFixed(2)} ms` : "—"))),
+          card("worst-stall", "worst stall", ms(figures.worst_stall_ms), figures.worst_stall_cause || "the program's longest hold of the loop"),
+          card("p99-lag", "p99 lag", ms(figures.p99_lag_ms), figures.p99_window_ms ? `worst ${fmtDuration(figures.p99_window_ms * 1e6)} window` : ""),
+          card("not-scheduled", "not scheduled", ms(figures.unscheduled_ms), "the process did not run: not counted as a stall"),
+          card("looptrace-own", "looptrace's own", ms(figures.looptrace_ms), "looptrace's work on the loop: not counted as a stall")),
+        windowNote ? el("p", { className: "muted", id: "lag-window" }, windowNote) : null,
         lagChart(points)]
       : el("p", { className: "muted" }, "No lag summaries yet: run with the lag monitor on (LOOPTRACE_LAG_MONITOR=1)."),
-    el("h2", {}, "Spans that saw the most lag"),
+    el("h2", {}, "Spans that saw the worst stalls"),
     worst.length
       ? el("table", { className: "grid worst" }, el("thead", {}, el("tr", {}, el("th", {}, "Span"), el("th", {}, "Start"),
-          el("th", { className: "num" }, "Duration"), el("th", { className: "num" }, "Loop lag max"))), el("tbody", {}, worst))
+          el("th", { className: "num" }, "Duration"), el("th", { className: "num" }, "Worst stall seen"))), el("tbody", {}, worst))
       : el("p", { className: "muted" }, "No span recorded loop lag."));
 }
 
