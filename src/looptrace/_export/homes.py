@@ -22,11 +22,12 @@ class PrivateLoop(asyncio.SelectorEventLoop):
     done. A selector loop on every platform: it only makes client connections."""
 
     def __init__(self) -> None:
-        super().__init__()
+        # Set first: a gc walk on another thread can find the loop while it is being built.
         self._owner = threading.get_ident()
+        super().__init__()
 
     def close(self) -> None:
-        if threading.get_ident() != self._owner:
+        if threading.get_ident() != getattr(self, "_owner", None):
             return
         super().close()
 
