@@ -583,7 +583,7 @@ def test_unreachable_backend_costs_one_warning_line(
 ) -> None:
     """With nothing listening at the endpoint, the session still exits 0, each process keeps to
     the shutdown deadline, and the whole run (two xdist workers and the controller) says so in
-    one warning line."""
+    one warning line, naming where the spans were kept."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -599,7 +599,9 @@ def test_unreachable_backend_costs_one_warning_line(
     # Two test spans (one per worker) and the controller's experiment span.
     assert f"3 span(s) not delivered to http://127.0.0.1:{port}/v1/traces" in warnings[0]
     assert "ConnectionRefusedError" in warnings[0]
-    result.stdout.fnmatch_lines(["spans       0 sent, 3 dropped"])
+    # Not lost: the spool keeps them for the next run that exports there.
+    assert "3 kept in " in warnings[0] and "for the next run to send" in warnings[0]
+    result.stdout.fnmatch_lines(["spans       0 sent, 0 dropped, 3 spooled"])
     # Each final flush kept to the 0.5 s deadline (plus up to 0.5 s for the pipeline's thread to
     # stop, and some slack for a busy machine).
     waited = float(re.search(r"within ([\d.]+) s", warnings[0]).group(1))  # type: ignore[union-attr]

@@ -51,7 +51,14 @@ def _flush(plugin: _Plugin) -> None:
 
     cfg = looptrace.get_config()
     started = time.monotonic()
-    delivery: dict[str, Any] = {"sent": 0, "dropped": 0, "seconds": 0.0, "error": ""}
+    delivery: dict[str, Any] = {
+        "sent": 0,
+        "dropped": 0,
+        "spooled": 0,
+        "spool": "",
+        "seconds": 0.0,
+        "error": "",
+    }
     plugin.delivery = delivery
     try:
         result = looptrace.shutdown_sync(cfg.shutdown_timeout)
@@ -61,20 +68,31 @@ def _flush(plugin: _Plugin) -> None:
         return
     delivery["sent"] = stats.spans_sent
     delivery["dropped"] = stats.dropped_total + result.pending
+    # Kept on disk for the next process that exports to the same endpoint: not lost, not sent.
+    delivery["spooled"] = stats.spooled
+    delivery["spool"] = stats.spool.directory or ""
     delivery["seconds"] = time.monotonic() - started
-    if delivery["dropped"]:
+    if delivery["dropped"] or delivery["spooled"]:
         delivery["error"] = stats.last_error or ""
 
 
 def _delivery_warning(deliveries: list[dict[str, Any]], where: str) -> str:
     """One line for the whole run (every xdist worker included), or "" when all arrived."""
     dropped = sum(int(d.get("dropped", 0)) for d in deliveries)
+    spooled = sum(int(d.get("spooled", 0)) for d in deliveries)
     errors = [str(d["error"]) for d in deliveries if d.get("error")]
-    if not dropped and not errors:
+    if not dropped and not spooled and not errors:
         return ""
     seconds = max(float(d.get("seconds", 0.0)) for d in deliveries)
     error = f" ({errors[0]})" if errors else ""
-    return f"looptrace: {dropped} span(s) not delivered to {where} within {seconds:.1f} s{error}"
+    kept = ""
+    if spooled:
+        spool = next((str(d["spool"]) for d in deliveries if d.get("spool")), "the spool")
+        kept = f"; {spooled} kept in {spool} for the next run to send"
+    return (
+        f"looptrace: {dropped + spooled} span(s) not delivered to {where} within "
+        f"{seconds:.1f} s{error}{kept}"
+    )
 
 
 def _worst_pause(plugin: _Plugin) -> tuple[str, float] | None:
@@ -124,7 +142,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     deliveries = [plugin.delivery, *plugin.worker_counts]
     sent = sum(int(d.get("sent", 0)) for d in deliveries)
     dropped = sum(int(d.get("dropped", 0)) for d in deliveries)
-    tr.write_line(f"spans       {sent} sent, {dropped} dropped")
+    spooled = sum(int(d.get("spooled", 0)) for d in deliveries)
+    tr.write_line(
+        f"spans       {sent} sent, {dropped} dropped" + (f", {spooled} spooled" if spooled else "")
+    )
     import looptrace
 
     cfg = looptrace.get_config()
