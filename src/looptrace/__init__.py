@@ -117,7 +117,7 @@ _ORIGIN = {
 
 # Public modules: ``looptrace.monitor.LagMonitor`` works after a plain ``import looptrace``,
 # loading the module on first use like every other name here.
-_SUBMODULES = frozenset(("evals", "monitor", "otel", "testing"))
+_SUBMODULES = frozenset(("evals", "integrations", "monitor", "otel", "testing"))
 
 
 def __getattr__(name: str) -> Any:
