@@ -113,10 +113,6 @@ class Exporter(Protocol):
         """The chunk for a span still open (an in-progress record of a long root)."""
         ...
 
-    def alone(self, chunk: Sized) -> bool:
-        """Whether ``chunk`` must be exported by itself (a large span a worker sends)."""
-        ...
-
     def session(self) -> Session:
         """A new session for the calling flusher's loop."""
         ...

@@ -371,29 +371,18 @@ class Flusher:
         return self._split(batch, chunks)
 
     def _split(self, batch: Batch, chunks: list[Sized | None]) -> list[Batch]:
-        """One batch per max_batch_bytes of encoded spans (estimates can be off); a chunk the
-        exporter sends alone (a large span a worker sends) is a batch of its own."""
+        """One batch per max_batch_bytes of encoded spans (estimates can be off)."""
         limit = self.cfg.max_batch_bytes
-        alone = self.exporter.alone
         bounds: list[tuple[int, int]] = []
-        singles = False
         start = size = 0
         for i, chunk in enumerate(chunks):
-            if chunk is None or not alone(chunk):
-                n = len(chunk) if chunk is not None else 0
-                if size and size + n > limit:
-                    bounds.append((start, i))
-                    start, size = i, 0
-                size += n
-                continue
-            singles = True
-            if i > start:
+            n = len(chunk) if chunk is not None else 0
+            if size and size + n > limit:
                 bounds.append((start, i))
-            bounds.append((i, i + 1))
-            start, size = i + 1, 0
-        if start < len(chunks) or not bounds:
-            bounds.append((start, len(chunks)))
-        if len(bounds) == 1 and not singles:
+                start, size = i, 0
+            size += n
+        bounds.append((start, len(chunks)))
+        if len(bounds) == 1:
             batch.chunks = [c for c in chunks if c is not None]
             batch.lost = len(chunks) - len(batch.chunks)
             self.buffer.resize(batch, size)
@@ -438,11 +427,7 @@ class Flusher:
         wake = self._answered(batch, outcome)
         if batch.file is not None and self.spool is not None:
             await self.spool.settled(batch, outcome)
-        # After a span that travelled alone (a worker sent it), the next goes at once: its
-        # request costs this loop nothing, and large spans sent as they come keep the copying
-        # into the workers' pipes spread out. Gathered, they went in bursts that took both
-        # cores (loop lag under 2.5 MB spans: 11 -> 17 ms in all).
-        return wake or (len(batch.chunks) == 1 and self.exporter.alone(batch.chunks[0]))
+        return wake
 
     def _answered(self, batch: Batch, outcome: Outcome) -> bool:
         """Apply the retry rules to what became of ``batch``; whether the flusher must look

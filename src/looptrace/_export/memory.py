@@ -64,9 +64,6 @@ class InMemoryExporter:
     def _wired(wire: WireSpan) -> Sized:
         return _Wired(wire, wire.weight())
 
-    def alone(self, chunk: Sized) -> bool:
-        return False
-
     def session(self) -> InMemoryExporter:
         return self
 

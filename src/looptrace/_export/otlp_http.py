@@ -148,9 +148,6 @@ class OtlpHttpExporter:
     def encode_open(self, span: Span) -> Sized:
         return self.span_encoder.encode(span, 0)
 
-    def alone(self, chunk: Sized) -> bool:
-        return False
-
     # ------------------------------------------------------------------ sending
     def session(self) -> _Session:
         return _Session(self)

@@ -87,9 +87,6 @@ class StoreExporter:
         # walked the same values once already.
         return Row(decoded(wire, self._resource, self._scope), wire.weight())
 
-    def alone(self, chunk: Sized) -> bool:
-        return False
-
     def session(self) -> _Session:
         return _Session(self)
 
