@@ -365,6 +365,13 @@ async def test_every_exporter_writes_a_large_structure_in_steps(
     (orjson's pass, then the scan for secret keys 64 KiB at a time), and the chunk is the one
     the exporter writes in one go."""
     monkeypatch.setattr(_export.exporter, "SLICE_SECONDS", 0.0)
+    # A policy that has learned no keys: one whose 64 learned keys were filled by earlier,
+    # unrelated payloads scans by words, in one step (docs/serialization.md).
+    import importlib
+
+    policy_module = importlib.import_module("looptrace._serialize.policy")
+    monkeypatch.setattr(policy_module, "_policies", {})
+    monkeypatch.setattr(policy_module, "_last", None)
     cfg = looptrace.Config.from_env(
         endpoint="http://127.0.0.1:9/v1/traces",
         store_path=str(tmp_path / "s.db"),

@@ -731,13 +731,15 @@ def test_two_experiments_compare_by_score(page: Any, store: Store, tmp_path: Pat
 @browser_test
 @needs_chromium
 def test_lag_page_charts_every_summary(page: Any, store: Store, tmp_path: Path) -> None:
-    """The lag page draws p99 and max lines with one point per lag summary in the store, and
+    """The lag page draws a p99 point per lag summary in the store and the worst lags, and
     lists the spans that saw the most lag."""
     summaries = store.lag_summaries(limit=500)["summaries"]
     assert summaries, "the demo runs a lag monitor with summaries"
     _open(page, "/lag")
     assert page.locator("#lag-chart circle.dot-p99").count() == len(summaries)
-    assert page.locator("#lag-chart polyline.max").count() >= 1
+    # Lines join adjacent windows of one process; how many the demo makes depends on how long
+    # its monitor ran, so the worst lag is checked by its points.
+    assert page.locator("#lag-chart circle.dot-max").count() >= 1
     assert page.locator("table.worst tbody tr").count() > 0
     _shot(page, "lag", tmp_path)
 
