@@ -1,0 +1,417 @@
+"""Agent frameworks: what tracing adds to an agent run, per LLM call and tool call.
+
+For each framework, an agent run of ``--steps`` LLM calls and as many tool calls (LiteLLM has no
+agent loop: ``--steps`` ``acompletion`` calls), driven by the framework's own test doubles (no
+network): the OpenAI Agents SDK with a custom ``Model`` (which opens the SDK's generation span
+as the SDK's OpenAI models do), LangGraph's ``create_react_agent`` on langchain-core's fake chat
+model, pydantic-ai's ``FunctionModel``, LiteLLM's ``mock_response``. Three variants, each in a
+fresh process, in alternating order round by round:
+
+- ``untraced``: no tracing at all (the Agents SDK's own tracing disabled);
+- ``looptrace``: the integration, exporting to a real OTLP server on 127.0.0.1 (in a process
+  of its own, answering at once and decoding later);
+- the framework's best-known tracing pointed at a local mock: the Agents SDK's own exporter to
+  OpenAI (its default processor, endpoint moved to a sink on 127.0.0.1); LangSmith's tracer
+  (``LANGSMITH_TRACING=true``, ``LANGSMITH_ENDPOINT`` at the sink); pydantic-ai's own
+  instrumentation on the OpenTelemetry SDK (batch processor, OTLP/HTTP exporter to the OTLP
+  server); LiteLLM's ``otel`` callback (the same).
+
+A process makes one warm-up run, then ``--runs`` timed runs; its figure is their median wall
+time. Added per step = (variant - untraced) / (LLM calls + tool calls), per round; the table
+gives the median over rounds (and its range). Export happens after the timed runs are over
+only where the tracer batches it off the caller's path, as every variant here does.
+
+    /work/venv311/bin/python benchmarks/scenario_agents.py [--steps 100] [--rounds 5] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.server
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+PEER = {
+    "openai-agents": "SDK exporter",
+    "langchain": "LangSmith",
+    "pydantic-ai": "OTel SDK",
+    "litellm": "otel callback",
+}
+
+
+# --- the agent runs ---------------------------------------------------------------------
+
+
+def openai_agents_run(variant: str, steps: int, otlp: str, sink: str) -> Any:
+    from agents.models.interface import Model
+    from agents.tracing import generation_span
+    from openai.types.responses import (
+        ResponseFunctionToolCall,
+        ResponseOutputMessage,
+        ResponseOutputText,
+    )
+
+    import agents
+    from agents import Agent, ModelResponse, Runner, Usage, function_tool
+
+    if variant == "untraced":
+        agents.set_tracing_disabled(True)
+    elif variant == "looptrace":
+        from looptrace.integrations.openai_agents import instrument_openai_agents
+
+        instrument_openai_agents(keep_openai_export=False)
+    else:
+        from agents.tracing.processors import default_exporter
+
+        agents.set_tracing_export_api_key("sk-bench")
+        default_exporter().endpoint = sink
+
+    class Scripted(Model):
+        """Calls the tool until it has seen ``steps`` results, then answers."""
+
+        async def get_response(
+            self, system_instructions: Any, input: Any, *a: Any, **k: Any
+        ) -> Any:
+            seen = sum(
+                1 for i in input if isinstance(i, dict) and i.get("type") == "function_call_output"
+            )
+            output: Any
+            if seen < steps:
+                output = ResponseFunctionToolCall(
+                    type="function_call",
+                    call_id=f"c{seen}",
+                    name="get_weather",
+                    arguments='{"city": "Paris"}',
+                )
+            else:
+                text = ResponseOutputText(type="output_text", text="sunny", annotations=[])
+                output = ResponseOutputMessage(
+                    id="m", type="message", role="assistant", status="completed", content=[text]
+                )
+            with generation_span(model="gpt-4o-mini", input=input[-1:]) as span:
+                span.span_data.output = [output.model_dump()]
+                span.span_data.usage = {"input_tokens": 12, "output_tokens": 5}
+            usage = Usage(requests=1, input_tokens=12, output_tokens=5, total_tokens=17)
+            return ModelResponse(output=[output], usage=usage, response_id=None)
+
+        def stream_response(self, *a: Any, **k: Any) -> Any:
+            raise NotImplementedError
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return f"sunny in {city}"
+
+    agent = Agent(name="forecaster", tools=[get_weather], model=Scripted())
+
+    async def run() -> None:
+        result = await Runner.run(agent, "Weather in Paris?", max_turns=steps + 5)
+        assert result.final_output == "sunny"
+
+    return run
+
+
+def langchain_run(variant: str, steps: int, otlp: str, sink: str) -> Any:
+    if variant == "peer":
+        os.environ.update(
+            LANGSMITH_TRACING="true", LANGSMITH_ENDPOINT=sink, LANGSMITH_API_KEY="lsv2-bench"
+        )
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool
+    from langgraph.prebuilt import create_react_agent
+
+    if variant == "looptrace":
+        from looptrace.integrations.langchain import instrument_langchain
+
+        instrument_langchain()
+
+    usage = {"input_tokens": 12, "output_tokens": 5, "total_tokens": 17}
+
+    class ChatModel(GenericFakeChatModel):
+        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+            return self
+
+    def replies() -> Any:
+        for i in range(steps):
+            call = {"name": "get_weather", "args": {"city": "Paris"}, "id": f"c{i}"}
+            yield AIMessage(content="", tool_calls=[call], usage_metadata=usage)  # type: ignore[arg-type]
+        yield AIMessage(content="sunny", usage_metadata=usage)  # type: ignore[arg-type]
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return f"sunny in {city}"
+
+    async def run() -> None:
+        agent = create_react_agent(ChatModel(messages=replies()), [get_weather])
+        state = await agent.ainvoke(
+            {"messages": [("human", "Weather in Paris?")]},
+            config={"recursion_limit": 2 * steps + 10},
+        )
+        assert state["messages"][-1].content == "sunny"
+
+    return run
+
+
+def otel_sdk(otlp: str) -> None:
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp)))
+    trace.set_tracer_provider(provider)
+
+
+def pydantic_ai_run(variant: str, steps: int, otlp: str, sink: str) -> Any:
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+    from pydantic_ai.models.function import FunctionModel
+
+    if variant == "looptrace":
+        from looptrace.integrations.pydantic_ai import instrument_pydantic_ai
+
+        assert instrument_pydantic_ai()
+    elif variant == "peer":
+        otel_sdk(otlp)
+        Agent.instrument_all()
+
+    def respond(messages: Any, info: Any) -> ModelResponse:
+        seen = sum(1 for m in messages for p in m.parts if isinstance(p, ToolReturnPart))
+        if seen < steps:
+            call = ToolCallPart("get_weather", {"city": "Paris"}, tool_call_id=f"c{seen}")
+            return ModelResponse(parts=[call])
+        return ModelResponse(parts=[TextPart("sunny")])
+
+    agent: Agent[None, str] = Agent(FunctionModel(respond), name="forecaster")
+
+    @agent.tool_plain
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return f"sunny in {city}"
+
+    async def run() -> None:
+        from pydantic_ai.usage import UsageLimits
+
+        limits = UsageLimits(request_limit=steps + 5)
+        result = await agent.run("Weather in Paris?", usage_limits=limits)
+        assert result.output == "sunny"
+
+    return run
+
+
+def litellm_run(variant: str, steps: int, otlp: str, sink: str) -> Any:
+    if variant == "peer":
+        os.environ.update(OTEL_EXPORTER="otlp_http", OTEL_ENDPOINT=otlp)
+    import litellm
+
+    if variant == "looptrace":
+        from looptrace.integrations.litellm import instrument_litellm
+
+        instrument_litellm()
+    elif variant == "peer":
+        litellm.callbacks = ["otel"]
+
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+
+    async def run() -> None:
+        for _ in range(steps):
+            response = await litellm.acompletion(
+                model="gpt-4o-mini", messages=messages, mock_response="sunny"
+            )
+            assert response.choices[0].message.content == "sunny"
+
+    return run
+
+
+RUNS = {
+    "openai-agents": openai_agents_run,
+    "langchain": langchain_run,
+    "pydantic-ai": pydantic_ai_run,
+    "litellm": litellm_run,
+}
+
+
+def worker(framework: str, variant: str, steps: int, runs: int, otlp: str, sink: str) -> None:
+    if variant == "looptrace":
+        import looptrace
+
+        looptrace.configure(endpoint=otlp, service_name="bench")
+        from looptrace.integrations import _common
+
+        _common.load_prices()  # at start-up, as instrument_*() at import does
+    run = RUNS[framework](variant, steps, otlp, sink)
+
+    def flush() -> None:
+        """What the tracer holds is sent before the process ends (not timed), so the driver
+        can check that each variant traced."""
+        if variant == "looptrace":
+            import looptrace
+
+            assert looptrace.flush_sync(10).ok
+        elif variant == "peer" and framework == "openai-agents":
+            import agents
+
+            agents.flush_traces()
+        elif variant == "peer" and framework == "langchain":
+            from langchain_core.tracers.langchain import wait_for_all_tracers
+
+            wait_for_all_tracers()
+        elif variant == "peer":
+            from opentelemetry import trace
+
+            trace.get_tracer_provider().force_flush()  # type: ignore[attr-defined]
+
+    async def main() -> list[float]:
+        await run()  # warm-up: imports, caches, the first span's set-up
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            await run()
+            times.append(time.perf_counter() - t0)
+            await asyncio.sleep(0.05)  # a batch exporter's thread gets to send between runs
+        return times
+
+    times = asyncio.run(main())
+    flush()
+    print(json.dumps(statistics.median(times)))
+    sys.stdout.flush()
+    os._exit(0)  # a peer's exit flush to a sink is not the run's cost
+
+
+# --- a sink that answers 200 to anything (LangSmith, the Agents SDK's exporter) -----------
+
+
+class Sink(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    received = 0
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        Sink.received += 1
+        body = json.dumps({"received": Sink.received}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_PATCH = _answer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def serve_sink() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    server.handle_error = lambda *a: None  # type: ignore[method-assign]  # a client gone at exit
+    print(server.server_address[1], flush=True)
+    server.serve_forever()
+
+
+# --- the driver ----------------------------------------------------------------------------
+
+
+def measure(framework: str, variant: str, args: argparse.Namespace, otlp: str, sink: str) -> float:
+    out = subprocess.run(
+        [
+            *(sys.executable, __file__, "--worker", framework, variant),
+            *("--steps", str(args.steps), "--runs", str(args.runs)),
+            *("--otlp", otlp, "--sink", sink),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{framework} {variant}: {out.stderr[-2000:]}")
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--frameworks", default=",".join(RUNS))
+    parser.add_argument("--worker", nargs=2)
+    parser.add_argument("--otlp", default="")
+    parser.add_argument("--sink", default="")
+    parser.add_argument("--serve-sink", action="store_true")
+    args = parser.parse_args()
+    if args.serve_sink:
+        serve_sink()
+        return
+    if args.worker:
+        worker(*args.worker, args.steps, args.runs, args.otlp, args.sink)
+        return
+
+    sys.path.insert(0, str(TESTS))
+    from otlp_server import OtlpServerProcess
+
+    sink_proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve-sink"], stdout=subprocess.PIPE, text=True
+    )
+    assert sink_proc.stdout is not None
+    sink = f"http://127.0.0.1:{int(sink_proc.stdout.readline())}"
+    rows = []
+    try:
+        with OtlpServerProcess(defer_decode=True) as server:
+            for framework in args.frameworks.split(","):
+                variants = ["untraced", "looptrace", "peer"]
+                times: dict[str, list[float]] = {v: [] for v in variants}
+                for r in range(args.rounds):
+                    order = variants[r % 3 :] + variants[: r % 3]
+                    for variant in order if r % 2 == 0 else order[::-1]:
+                        endpoint = server.endpoint
+                        times[variant].append(measure(framework, variant, args, endpoint, sink))
+                rows.append((framework, times))
+                print(f"  {framework} done", file=sys.stderr)
+    finally:
+        sink_proc.terminate()
+        sink_proc.wait(10)
+
+    print(
+        f"{args.steps} LLM calls + {args.steps} tool calls per run (LiteLLM: {args.steps} "
+        f"LLM calls), {args.rounds} rounds x {args.runs} runs, fresh process per variant"
+    )
+    print(
+        "| framework | untraced run | looptrace added / step | peer | peer added / step "
+        "| looptrace vs peer / step |"
+    )
+    print("|---|---|---|---|---|---|")
+    for framework, times in rows:
+        per_step = args.steps if framework == "litellm" else 2 * args.steps
+
+        def added(
+            variant: str, base: str = "untraced", times: Any = times, per_step: int = per_step
+        ) -> tuple[float, float, float]:
+            d = sorted(
+                (v - b) / per_step * 1e6 for v, b in zip(times[variant], times[base], strict=True)
+            )
+            return statistics.median(d), d[0], d[-1]
+
+        base = statistics.median(times["untraced"]) * 1e3
+        lt, pe, vs = added("looptrace"), added("peer"), added("looptrace", "peer")
+        print(
+            f"| {framework} | {base:.1f} ms | {lt[0]:.1f} us ({lt[1]:.1f} .. {lt[2]:.1f}) "
+            f"| {PEER[framework]} | {pe[0]:.1f} us ({pe[1]:.1f} .. {pe[2]:.1f}) "
+            f"| {vs[0]:+.1f} us |"
+        )
+
+
+if __name__ == "__main__":
+    main()
