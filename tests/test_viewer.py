@@ -1052,12 +1052,16 @@ def test_the_lag_page_leads_with_what_blocked_the_loop(page: Any, store: Store) 
     """The demo blocks its loop in `generate` (a time.sleep in async code): the lag page opens
     with that line as the culprit, the span it blocked in, and the spans that waited on it,
     before the chart and the list of lagged spans."""
-    (culprit, *_) = store.lag_summaries()["culprits"]
-    assert culprit["function"] == "generate" and culprit["filepath"].endswith("_demo.py")
+    culprits = store.lag_summaries()["culprits"]
+    # On a loaded machine another step can stall longer than the demo's own: find its row.
+    culprit = next(c for c in culprits if c["function"] == "generate")
+    assert culprit["filepath"].endswith("_demo.py")
     _open(page, "/lag")
     first = page.locator("h2").first.inner_text()
     assert first == "What blocked the loop"
-    row = page.locator("#culprits tr.culprit").first
+    row = (
+        page.locator("#culprits tr.culprit").filter(has_text=f"_demo.py:{culprit['lineno']}").first
+    )
     text = row.inner_text()
     assert "generate" in text and f"_demo.py:{culprit['lineno']}" in text
     assert f"{culprit['max_ms']:.1f} ms" in text
