@@ -33,11 +33,7 @@ if os.environ.get("LOOPTRACE_TEST_LOOP") == "uvloop":
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-# Capture and export must never block the application's event loop. In these modules a blocking
-# call (time.sleep, a blocking socket or file operation...) made by looptrace's code while an
-# application's loop runs fails the test, as anyio's suite does for its own code. Exempt: the
-# loop of looptrace's private thread (waiting there holds up no one), the calls whose contract
-# is to block (flush_sync, shutdown_sync), and the store's reading API the tests inspect with.
+# Capture and export must never block the application's event loop (tests/blocking.py).
 BLOCKING_CHECKED = frozenset(
     (
         "test_capture",
@@ -54,32 +50,10 @@ def _no_blocking_on_the_loop(request: pytest.FixtureRequest) -> Iterator[None]:
     if request.module.__name__ not in BLOCKING_CHECKED:
         yield
         return
-    import asyncio
+    from blocking import no_blocking_on_the_loop
 
-    from blockbuster import BlockBuster
-
-    from looptrace._export.homes import PrivateLoop
-
-    def on_private_loop() -> bool:
-        try:
-            return isinstance(asyncio.get_running_loop(), PrivateLoop)
-        except RuntimeError:
-            return True
-
-    buster = BlockBuster(
-        scanned_modules=["looptrace"], excluded_modules=["looptrace._store", "looptrace.testing"]
-    )
-    for function in buster.functions.values():
-        function.can_block_in("looptrace/_export/__init__.py", {"flush_sync", "shutdown_sync"})
-        allowed = function.can_block_predicate
-        function.can_block_predicate = lambda *a, _allowed=allowed, **k: (
-            on_private_loop() or _allowed(*a, **k)
-        )
-    buster.activate()
-    try:
+    with no_blocking_on_the_loop():
         yield
-    finally:
-        buster.deactivate()
 
 
 @pytest.fixture(autouse=True)

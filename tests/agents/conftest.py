@@ -7,7 +7,6 @@ skips this folder, and ``nox -s agents`` installs them and runs it alone.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 from collections.abc import Iterator
@@ -58,27 +57,7 @@ def no_blocking() -> Iterator[None]:
     """Fails the test when looptrace's code makes a blocking call (a sleep, a blocking socket
     or file operation) while an application's event loop runs: the frameworks call these
     integrations on their loop."""
-    from blockbuster import BlockBuster
+    from blocking import no_blocking_on_the_loop
 
-    from looptrace._export.homes import PrivateLoop
-
-    def on_private_loop() -> bool:
-        try:
-            return isinstance(asyncio.get_running_loop(), PrivateLoop)
-        except RuntimeError:
-            return True
-
-    buster = BlockBuster(
-        scanned_modules=["looptrace"], excluded_modules=["looptrace._store", "looptrace.testing"]
-    )
-    for function in buster.functions.values():
-        function.can_block_in("looptrace/_export/__init__.py", {"flush_sync", "shutdown_sync"})
-        allowed = function.can_block_predicate
-        function.can_block_predicate = lambda *a, _allowed=allowed, **k: (
-            on_private_loop() or _allowed(*a, **k)
-        )
-    buster.activate()
-    try:
+    with no_blocking_on_the_loop():
         yield
-    finally:
-        buster.deactivate()
