@@ -18,10 +18,11 @@ fresh process, in alternating order round by round:
 
 A process makes one warm-up run, then ``--runs`` timed runs; its figure is their median wall
 time. Added per step = (variant - untraced) / (LLM calls + tool calls), per round; the table
-gives the median over rounds (and its range). Export happens after the timed runs are over
-only where the tracer batches it off the caller's path, as every variant here does.
+gives the median over rounds (and its range). Each tracer exports in the background while the
+runs go on, as in production, competing with them for the machine's cores; what it still holds
+after the timed runs is flushed, untimed, before the process ends.
 
-    /work/venv311/bin/python benchmarks/scenario_agents.py [--steps 100] [--rounds 5] [--runs 3]
+    /work/venv311/bin/python benchmarks/scenario_agents.py [--steps 50] [--rounds 5] [--runs 5]
 """
 
 from __future__ import annotations
@@ -343,9 +344,9 @@ def measure(framework: str, variant: str, args: argparse.Namespace, otlp: str, s
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--frameworks", default=",".join(RUNS))
     parser.add_argument("--worker", nargs=2)
     parser.add_argument("--otlp", default="")
