@@ -20,6 +20,7 @@ import pytest
 import looptrace
 from loop_matrix import loop_kind  # noqa: F401
 from otlp_server import OtlpTestServer
+from raw_http import read_request
 
 LARGE = "QUJD" * 200_000  # a worker serializes and sends a span carrying this
 
@@ -52,35 +53,13 @@ class Misbehaving:
         with conn:
             try:
                 while not self._stop.is_set():
-                    if not self._read_request(conn):
+                    if not read_request(conn):
                         return
                     with self._lock:
                         self.requests += 1
                     self._answer(conn)
             except OSError:
                 return
-
-    @staticmethod
-    def _read_request(conn: socket.socket) -> bool:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            part = conn.recv(65536)
-            if not part:
-                return False
-            data += part
-        head, _, rest = data.partition(b"\r\n\r\n")
-        length = 0
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-        left = length - len(rest)
-        while left > 0:
-            part = conn.recv(min(left, 1 << 20))
-            if not part:
-                return False
-            left -= len(part)
-        return True
 
     def _answer(self, conn: socket.socket) -> None:
         zeros = b"\0" * 65536

@@ -33,6 +33,7 @@ from looptrace._transport.http11 import (
 )
 from looptrace._transport.settings import HttpSettings
 from otlp_server import OtlpTestServer
+from raw_http import read_request
 
 pytestmark = pytest.mark.usefixtures("loop_kind")
 
@@ -74,24 +75,8 @@ class Backend:
         with conn:
             try:
                 while True:
-                    data = b""
-                    while b"\r\n\r\n" not in data:
-                        part = conn.recv(65536)
-                        if not part:
-                            return
-                        data += part
-                    head, _, rest = data.partition(b"\r\n\r\n")
-                    length = 0
-                    for line in head.split(b"\r\n")[1:]:
-                        name, _, value = line.partition(b":")
-                        if name.strip().lower() == b"content-length":
-                            length = int(value)
-                    left = length - len(rest)
-                    while left > 0:
-                        part = conn.recv(min(left, 1 << 20))
-                        if not part:
-                            return
-                        left -= len(part)
+                    if not read_request(conn):
+                        return
                     self.requests += 1
                     self.answer(conn)
                     if not self.keep_alive:
