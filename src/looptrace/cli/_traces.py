@@ -37,7 +37,7 @@ def _key_value(ctx: click.Context, param: click.Parameter, values: tuple[str, ..
 )
 @click.option("--experiment", default=None, help="Only traces of this experiment id.")
 @click.option("--user", default=None, help="Only traces of this user.id.")
-@click.option("--session", default=None, help="Only traces of this session.id.")
+@click.option("--session", default=None, help="Only traces whose session.id is SESSION.")
 @click.option(
     "--tag", "tags", multiple=True, help="Only traces with this tag (tag.tags); repeatable."
 )
