@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from .connection import Connections
+from .search import trace_terms_of_rows
 
 _PRUNE_INTERVAL_S = 60.0
 _PRUNE_BATCH = 500
@@ -31,6 +34,99 @@ class Retention(Connections):
         """Apply the retention settings now; returns how many traces were deleted."""
         with self._write_lock:
             return self._prune_locked(self._writer_conn())
+
+    def delete_traces(self, trace_ids: Sequence[str]) -> int:
+        """Delete these traces (every span, score, label and index row); returns how many
+        existed. An experiment left without traces goes with them."""
+        deleted = 0
+        for start in range(0, len(trace_ids), _PRUNE_BATCH):
+            chunk = list(trace_ids[start : start + _PRUNE_BATCH])
+            with self._write_lock:
+                deleted += self._delete_traces(self._writer_conn(), chunk, count=True)
+        return deleted
+
+    def delete_experiment(self, experiment_id: str) -> int | None:
+        """Delete an experiment and every trace of it; returns how many traces went, or None
+        when there is no such experiment."""
+        with self._reader() as conn:
+            known = conn.execute(
+                "SELECT 1 FROM experiments WHERE id = ?", (experiment_id,)
+            ).fetchone()
+            ids = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT DISTINCT trace_id FROM spans WHERE experiment_id = ?",
+                    (experiment_id,),
+                )
+            ]
+        if known is None and not ids:
+            return None
+        deleted = self.delete_traces(ids)
+        with self._write_lock:
+            conn = self._writer_conn()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute("DELETE FROM scores WHERE experiment_id = ?", (experiment_id,))
+                conn.execute("DELETE FROM experiments WHERE id = ?", (experiment_id,))
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return deleted
+
+    def prune_traces(
+        self,
+        *,
+        before_ns: int | None = None,
+        service: str | None = None,
+        experiment: str | None = None,
+        dry_run: bool = False,
+    ) -> dict[str, int]:
+        """Delete the traces that started before ``before_ns``, of ``service`` (the root's
+        service) and of ``experiment``: every filter given must hold. Deletes in batches of
+        500 traces, each its own short transaction, so a collector writing to the same file
+        waits at most one batch. With ``dry_run``, only counts. Returns ``traces`` and
+        ``spans`` deleted (or that would be). Refuses (ValueError) without any filter."""
+        if before_ns is None and service is None and experiment is None:
+            raise ValueError("prune needs at least one of before_ns, service, experiment")
+        where: list[str] = []
+        params: list[Any] = []
+        if before_ns is not None:
+            where.append("start_ns < ?")
+            params.append(before_ns)
+        if service is not None:
+            where.append("service_name = ?")
+            params.append(service)
+        if experiment is not None:
+            where.append("experiment_id = ?")
+            params.append(experiment)
+        sql = (
+            "SELECT trace_id, span_count FROM traces WHERE "
+            + " AND ".join(where)
+            + " ORDER BY start_ns LIMIT ?"
+        )
+        traces = spans = 0
+        if dry_run:
+            with self._reader() as conn:
+                traces, spans = conn.execute(
+                    "SELECT count(*), coalesce(sum(span_count), 0) FROM traces WHERE "
+                    + " AND ".join(where),
+                    params,
+                ).fetchone()
+            return {"traces": traces, "spans": spans}
+        while True:
+            with self._write_lock:
+                conn = self._writer_conn()
+                rows = conn.execute(sql, (*params, _PRUNE_BATCH)).fetchall()
+                if not rows:
+                    break
+                self._delete_traces(conn, [r[0] for r in rows])
+            traces += len(rows)
+            spans += sum(r[1] for r in rows)
+        if traces:
+            with self._write_lock:
+                self._writer_conn().execute("PRAGMA incremental_vacuum")
+        return {"traces": traces, "spans": spans}
 
     def _prune_locked(self, conn: sqlite3.Connection) -> int:
         self.counters.last_prune = time.monotonic()
@@ -81,9 +177,30 @@ class Retention(Connections):
         return int((pages - free) * size)
 
     @staticmethod
-    def _delete_traces(conn: sqlite3.Connection, trace_ids: list[str]) -> int:
+    def _delete_traces(
+        conn: sqlite3.Connection, trace_ids: list[str], *, count: bool = False
+    ) -> int:
         conn.execute("BEGIN IMMEDIATE")
         try:
+            # The search index has no index by trace: its rows are found by making the
+            # trace's terms again from its spans (``search``).
+            terms: list[tuple[str, str]] = []
+            for trace_id in trace_ids:
+                rows = conn.execute(
+                    "SELECT name, status_message, attributes, events FROM spans WHERE trace_id = ?",
+                    (trace_id,),
+                )
+                terms.extend((t, trace_id) for t in trace_terms_of_rows(rows))
+            conn.executemany(
+                "DELETE FROM trace_terms WHERE term = ? AND trace_id = ?", sorted(terms)
+            )
+            existed = len(trace_ids)
+            if count:
+                existed = sum(
+                    conn.execute("SELECT 1 FROM traces WHERE trace_id = ?", (t,)).fetchone()
+                    is not None
+                    for t in trace_ids
+                )
             for table in ("spans", "scores", "trace_labels", "traces"):
                 conn.executemany(
                     f"DELETE FROM {table} WHERE trace_id = ?", [(t,) for t in trace_ids]
@@ -96,4 +213,4 @@ class Retention(Connections):
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-        return len(trace_ids)
+        return existed

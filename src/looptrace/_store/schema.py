@@ -146,8 +146,31 @@ def _migrate_to_2(conn: sqlite3.Connection) -> None:
     backfill_v2(conn)
 
 
+# Version 3: the search index (``search``): one row per (term, trace), a term being a span
+# attribute's key and value or a word of a name, a value or an error message.
+_SCHEMA_V3 = """
+CREATE TABLE IF NOT EXISTS trace_terms (
+    term TEXT NOT NULL,
+    trace_id TEXT NOT NULL,
+    PRIMARY KEY (term, trace_id)
+) WITHOUT ROWID
+"""
+
+
+def _migrate_to_3(conn: sqlite3.Connection) -> None:
+    _run_script(conn, _SCHEMA_V3)
+    # The spans stored before version 3 are indexed once, here.
+    from .write import backfill_v3
+
+    backfill_v3(conn)
+
+
 # _MIGRATIONS[i] takes a file at schema version i to version i + 1. Append, never edit.
-_MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_to_1, _migrate_to_2]
+_MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
+    _migrate_to_1,
+    _migrate_to_2,
+    _migrate_to_3,
+]
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 

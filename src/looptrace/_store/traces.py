@@ -10,6 +10,7 @@ from .. import _semconv as sc
 from .._wire import DecodedSpan
 from .columns import loads
 from .connection import Connections
+from .search import search_filters
 from .write import METADATA_LABEL_PREFIX, TAG_LABEL
 
 LAG_SPAN_NAME = "looptrace.loop.lag"
@@ -36,6 +37,8 @@ class TraceReads(Connections):
         session: str | None = None,
         tags: Sequence[str] = (),
         metadata: Sequence[tuple[str, str]] = (),
+        attrs: Sequence[tuple[str, str]] = (),
+        text: str | None = None,
     ) -> list[dict[str, Any]]:
         """Trace summaries, newest first. ``name`` matches a substring of the root's name;
         ``status`` is ``ok`` (no span failed), ``error`` (the root or any span failed) or
@@ -45,6 +48,11 @@ class TraceReads(Connections):
         else any span's), exactly; a trace has each of ``tags`` when any of its spans lists
         it in ``tag.tags``, and each ``(key, value)`` of ``metadata`` when any span's
         ``metadata`` holds it (a value that is not a string compares as its JSON text).
+        A trace has each ``(key, value)`` of ``attrs`` when any of its spans has that
+        attribute with that value (compared as text: a number or boolean as its JSON form);
+        ``text`` keeps the traces in which every word of it starts a word of a span's name,
+        status message, string attribute value or exception message (``search``). Both
+        are looked up in the search index, never by reading spans.
         The lag monitor's summary traces (``looptrace.loop.lag``) are left out unless
         ``include_lag``: ``lag_summaries`` is their view."""
         where: list[str] = []
@@ -62,6 +70,9 @@ class TraceReads(Connections):
                 "trace_id IN (SELECT trace_id FROM trace_labels WHERE key = ? AND value = ?)"
             )
             params.extend((key, value))
+        found, found_params = search_filters(attrs, text)
+        where.extend(found)
+        params.extend(found_params)
         if service:
             where.append("service_name = ?")
             params.append(service)

@@ -19,6 +19,7 @@ from .. import _semconv as sc
 from .._wire import DecodedSpan
 from .columns import dumps
 from .retention import Retention
+from .search import span_terms, trace_terms_of_rows
 
 
 class _Prepared(NamedTuple):
@@ -31,6 +32,7 @@ class _Prepared(NamedTuple):
     case_index: int | None
     labels: tuple[tuple[str, str], ...]
     size: int
+    terms: set[str]
 
 
 _SPAN_COLUMNS = (
@@ -141,6 +143,9 @@ class Writer(Retention):
                 "INSERT OR IGNORE INTO trace_labels (key, value, trace_id) VALUES (?, ?, ?)",
                 sorted(labels),
             )
+        # The search index: a trace's terms once per batch, in key order (each insert then
+        # lands next to the last one).
+        _insert_terms(conn, list({(t, p.trace_id) for p in prepared for t in p.terms}))
         for prep in prepared:
             if prep.experiment is not None:
                 conn.execute(
@@ -314,6 +319,7 @@ def _prepare(span: DecodedSpan, parsed: dict[str, Any] | None = None) -> _Prepar
         case_index,
         labels,
         size,
+        span_terms(span.name, span.status_message, attributes, span.events),
     )
 
 
@@ -415,6 +421,35 @@ def backfill_v2(conn: sqlite3.Connection) -> None:
     ]
     for start in range(0, len(touched), 500):
         conn.execute(_UPDATE_TRACES, (orjson.dumps(touched[start : start + 500]).decode(),))
+
+
+def backfill_v3(conn: sqlite3.Connection) -> None:
+    """Index the spans stored before the search index (a migration step, run inside its
+    transaction), a trace at a time."""
+    rows = conn.execute(
+        "SELECT trace_id, name, status_message, attributes, events FROM spans ORDER BY trace_id"
+    )
+    trace_id: str | None = None
+    batch: list[Any] = []
+    pending: list[tuple[str, str]] = []
+    for row in rows:
+        if row[0] != trace_id:
+            if trace_id is not None:
+                pending.extend((t, trace_id) for t in trace_terms_of_rows(batch))
+            trace_id, batch = row[0], []
+        batch.append(row[1:])
+        if len(pending) > 10_000:
+            _insert_terms(conn, pending)
+            pending = []
+    if trace_id is not None:
+        pending.extend((t, trace_id) for t in trace_terms_of_rows(batch))
+    _insert_terms(conn, pending)
+
+
+def _insert_terms(conn: sqlite3.Connection, rows: list[tuple[str, str]]) -> None:
+    conn.executemany(
+        "INSERT OR IGNORE INTO trace_terms (term, trace_id) VALUES (?, ?)", sorted(rows)
+    )
 
 
 def _json_column(value: Any) -> str | None:

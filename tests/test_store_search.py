@@ -1,0 +1,216 @@
+"""The store's search index (attribute and text search over traces) and its housekeeping
+(deleting traces and experiments, pruning by age, service and experiment)."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from looptrace._store import SCHEMA_VERSION, Store
+from looptrace._wire import DecodedSpan
+from store_support import decoded_span
+
+NOW = time.time_ns()
+DAY = 86_400 * 10**9
+
+
+def span(
+    trace: int,
+    span_id: int = 1,
+    *,
+    name: str = "op",
+    attributes: dict[str, Any] | None = None,
+    status: int = 0,
+    message: str = "",
+    events: list[dict[str, Any]] | None = None,
+    service: str = "api",
+    start: int = 0,
+    parent: int | None = None,
+) -> DecodedSpan:
+    start_ns = NOW + start
+    return decoded_span(
+        trace,
+        span_id,
+        parent,
+        name,
+        start_ns,
+        start_ns + 1000,
+        attributes=attributes,
+        events=events,
+        status=status,
+        message=message,
+        resource={"service.name": service},
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Any:
+    s = Store(tmp_path / "s.db")
+    s.write(
+        [
+            span(1, name="GET /search", attributes={"http.route": "/search", "user.id": "ada"}),
+            # The attribute is on a child span: the whole trace is found.
+            span(2, name="GET /items", start=1),
+            span(
+                2,
+                2,
+                parent=1,
+                name="db.query",
+                attributes={"http.status_code": 503, "retry": True, "tags": ["a", "b"]},
+                start=2,
+            ),
+            span(
+                3,
+                name="payment",
+                status=2,
+                message="card declined by issuer",
+                events=[
+                    {
+                        "name": "exception",
+                        "time_ns": NOW,
+                        "attributes": {
+                            "exception.type": "TimeoutError",
+                            "exception.message": "upstream did not answer",
+                        },
+                    }
+                ],
+                service="billing",
+                start=3,
+            ),
+            span(
+                4,
+                name="chat",
+                attributes={"input.value": '{"secret": "needle"}', "note": "Grüße aus Köln"},
+                start=4,
+            ),
+        ]
+    )
+    yield s
+    s.close()
+
+
+def _names(store: Store, **filters: Any) -> list[str]:
+    return [t["name"] for t in store.list_traces(**filters)]
+
+
+def test_attribute_search_matches_any_span_of_a_trace(store: Store) -> None:
+    """``key=value`` finds the traces with a span holding that attribute; numbers, booleans
+    and list items compare as their text; several attributes must all hold."""
+    assert _names(store, attrs=[("http.route", "/search")]) == ["GET /search"]
+    assert _names(store, attrs=[("http.status_code", "503")]) == ["GET /items"]
+    assert _names(store, attrs=[("retry", "true")]) == ["GET /items"]
+    assert _names(store, attrs=[("tags", "b")]) == ["GET /items"]
+    assert _names(store, attrs=[("http.status_code", "503"), ("retry", "true")]) == ["GET /items"]
+    assert _names(store, attrs=[("http.status_code", "503"), ("user.id", "ada")]) == []
+    assert _names(store, attrs=[("http.route", "/sear")]) == []  # values match whole
+
+
+def test_text_search_finds_words_of_names_values_and_errors(store: Store) -> None:
+    """Text search matches words (and the start of words) in span names, attribute values,
+    status messages and exception messages, case-insensitively; every word must match."""
+    assert _names(store, text="declined") == ["payment"]
+    assert _names(store, text="TIMEOUT") == ["payment"]  # exception.type, by its start
+    assert _names(store, text="upstream answer") == ["payment"]
+    assert _names(store, text="upstream search") == []
+    assert _names(store, text="db.query") == ["GET /items"]  # a child's name
+    assert _names(store, text="ada") == ["GET /search"]
+    assert _names(store, text="köln") == ["chat"]
+    # Payloads are not indexed.
+    assert _names(store, text="needle") == []
+
+
+def test_search_combines_with_the_other_filters(store: Store) -> None:
+    """Search narrows what the list's other filters (service, status, time) keep."""
+    assert _names(store, text="declined", service="billing") == ["payment"]
+    assert _names(store, text="declined", service="api") == []
+    assert _names(store, text="declined", status="ok") == []
+    assert _names(store, text="get", since_ns=NOW + 1) == ["GET /items"]
+
+
+def test_search_answers_from_the_index_not_a_scan(store: Store) -> None:
+    """The lookups are ranges of the index's key: SQLite's plan never scans trace_terms."""
+    conn = sqlite3.connect(store.path)
+    from looptrace._store.search import search_filters
+
+    where, params = search_filters([("a", "b")], "word")
+    plan = conn.execute(
+        "EXPLAIN QUERY PLAN SELECT trace_id FROM traces WHERE " + " AND ".join(where), params
+    ).fetchall()
+    conn.close()
+    details = " ".join(str(row[-1]) for row in plan)
+    assert "trace_terms USING PRIMARY KEY" in details
+    assert "SCAN trace_terms" not in details
+
+
+def test_deleting_a_trace_removes_it_from_search_and_lists(store: Store) -> None:
+    """A deleted trace leaves nothing behind: its spans, its summary, its index rows."""
+    trace_id = f"{2:032x}"
+    assert store.delete_traces([trace_id, f"{99:032x}"]) == 1
+    assert store.get_trace(trace_id) == []
+    assert _names(store, attrs=[("retry", "true")]) == []
+    conn = sqlite3.connect(store.path)
+    left = conn.execute("SELECT count(*) FROM trace_terms WHERE trace_id = ?", (trace_id,))
+    assert left.fetchone()[0] == 0
+    conn.close()
+
+
+def test_delete_experiment_removes_its_traces_and_scores(tmp_path: Path) -> None:
+    """Deleting an experiment deletes every trace of it and the experiment itself; other
+    traces stay; an unknown experiment is None."""
+    with Store(tmp_path / "e.db") as s:
+        exp = {"looptrace.experiment.id": "e1", "looptrace.experiment.name": "first"}
+        s.write(
+            [
+                span(1, attributes={**exp, "looptrace.case.index": 0, "looptrace.score.ok": 1}),
+                span(2, attributes={**exp, "looptrace.case.index": 1}),
+                span(3, name="other"),
+            ]
+        )
+        assert [e["id"] for e in s.list_experiments()] == ["e1"]
+        assert s.delete_experiment("e1") == 2
+        assert s.list_experiments() == []
+        assert _names(s) == ["other"]
+        assert s.delete_experiment("e1") is None
+
+
+def test_prune_by_age_service_and_experiment(tmp_path: Path) -> None:
+    """Prune deletes what every given filter matches, counts it (a dry run only counts),
+    and refuses to run with no filter."""
+    with Store(tmp_path / "p.db") as s:
+        s.write(
+            [
+                span(1, name="old-api", start=-10 * DAY),
+                span(2, name="old-job", service="job", start=-10 * DAY),
+                span(3, name="new-api", start=-1),
+                span(4, name="new-job", service="job", start=-2),
+            ]
+        )
+        assert s.prune_traces(before_ns=NOW - DAY, dry_run=True) == {"traces": 2, "spans": 2}
+        assert len(_names(s)) == 4
+        assert s.prune_traces(before_ns=NOW - DAY, service="job") == {"traces": 1, "spans": 1}
+        assert sorted(_names(s)) == ["new-api", "new-job", "old-api"]
+        assert s.prune_traces(service="api") == {"traces": 2, "spans": 2}
+        assert _names(s) == ["new-job"]
+        with pytest.raises(ValueError):
+            s.prune_traces()
+
+
+def test_an_older_store_is_indexed_when_opened(tmp_path: Path) -> None:
+    """A store written before the search index existed (schema 2) is indexed by the
+    migration: its traces are found at once."""
+    path = tmp_path / "old.db"
+    with Store(path) as s:
+        s.write([span(1, name="legacy", attributes={"k": "v"}, message="broken pipe")])
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE trace_terms")
+    conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    with Store(path) as s:
+        assert s.schema_version == SCHEMA_VERSION
+        assert _names(s, attrs=[("k", "v")]) == ["legacy"]
+        assert _names(s, text="pipe") == ["legacy"]
