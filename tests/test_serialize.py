@@ -630,6 +630,34 @@ def test_key_scan_on_very_large_dicts() -> None:
     assert out["k2499"] == records(3)
 
 
+def test_a_flood_of_unrelated_keys_cannot_keep_later_secret_keys_unlearned() -> None:
+    """Keys learned plain are bounded; when earlier payloads filled that room with keys that
+    never come back, a later shape's keys still get learned (so its scans answer from the keys,
+    not the word scan), its secret keys are masked in every payload, and the room stays
+    bounded."""
+    from looptrace._serialize import keys
+    from looptrace._serialize._common import complete
+
+    pol = fresh_policy()
+    ends = pol._key_ends
+    for batch in range(20):
+        flood = [{f"flood_{batch}_{k}": k for k in range(10)} for _ in range(20)]
+        assert not pol.maybe_secret(orjson.dumps({"rows": flood}))
+        assert len(ends.known) <= keys._KNOWN_MAX
+    assert len(ends.known) == keys._KNOWN_MAX
+    shape = [{"api_key": "sk-1"} | {f"field_{k}": k for k in range(60)} for _ in range(30)]
+    out = orjson.dumps({"request": shape})
+    answers = []
+    for _ in range(3 * keys._RELEARN_AFTER):
+        masked = pol.mask(out)
+        assert masked is not None and masked[1] == len(shape)
+        assert {row["api_key"] for row in orjson.loads(masked[0])["request"]} == {REDACTED}
+        answers.append(complete(ends.find_secret(out, pol._secret_raw)))
+        assert len(ends.known) <= keys._KNOWN_MAX
+    assert answers[-1] is True  # found from the keys, in C: no word scan
+    assert b"field_7" in ends.known and b"flood_0_1" not in ends.known
+
+
 def test_key_scan_failing_falls_back_to_the_word_scan(monkeypatch: pytest.MonkeyPatch) -> None:
     """A pattern sre refuses is not learned, and a key scan that fails leaves the decision to
     the word scan: secret keys are still found, plain output still passes."""

@@ -32,6 +32,11 @@ from ._common import _CACHE_MAX
 # pattern in Python, on the flusher's time), and a trie keeps each attempt's cost flat as the
 # set grows.
 _KNOWN_MAX = 64
+# Scans a full pattern serves before keys it cannot hold may replace it: a process whose first
+# payloads filled the pattern with keys it never sees again would otherwise send every later
+# shape's keys back to Python, and past ``_MISSES_MAX`` to the word scan, for good. At most one
+# compile per this many scans, so two shapes taking turns cannot make every scan compile.
+_RELEARN_AFTER = 16
 # Longer keys are checked from the per-key cache on every payload instead.
 _KNOWN_KEY_BYTES = 64
 # Key ends one scan may hand back to Python (each ~1 us) without learning from them, before
@@ -94,11 +99,15 @@ class KeyEnds:
     ever names keys checked plain, and it is replaced together with the set of keys it names,
     so a race can lose a key from both (to be learned again), never admit a secret."""
 
-    __slots__ = ("_seen", "_state")
+    __slots__ = ("_compiled_at", "_scans", "_seen", "_state")
 
     def __init__(self) -> None:
         self._seen: set[bytes] = set()
         self._state: tuple[dict[bytes, None], re.Pattern[bytes]] = ({}, _compile([]))
+        # Scans started, and the count when the pattern was last compiled (racy counts between
+        # threads only move when a full pattern may be replaced).
+        self._scans = 0
+        self._compiled_at = 0
 
     @property
     def known(self) -> dict[bytes, None]:
@@ -129,6 +138,7 @@ class KeyEnds:
         # reversed in place (70 against 126 us for 166 KB).
         rev = out[::-1]
         n = len(out)
+        self._scans += 1
         known, pattern = self._state
         seen = self._seen
         met: dict[bytes, None] = {}  # plain keys this scan handed back
@@ -165,7 +175,9 @@ class KeyEnds:
                     repeated[raw] = None
                     if not rebuilt:
                         stale += 1
-                        if stale >= _STALE_REBUILD:
+                        # A full pattern makes room only for a whole shape: its keys are
+                        # gathered first, or a rebuild would swap in the first few and no more.
+                        if stale >= (_KNOWN_MAX if len(known) >= _KNOWN_MAX else _STALE_REBUILD):
                             met.update(repeated)
                             pattern = yield from self._learn_steps(met, step_bytes)
                             known = self._state[0]
@@ -206,20 +218,30 @@ class KeyEnds:
     def _added(self, keys: dict[bytes, None]) -> list[bytes]:
         """The keys of ``keys`` that :meth:`_learn` would add to the pattern."""
         known = self._state[0]
-        return [k for k in keys if k not in known][: max(_KNOWN_MAX - len(known), 0)]
+        new = [k for k in keys if k not in known]
+        if len(known) + len(new) > _KNOWN_MAX and self._scans - self._compiled_at < _RELEARN_AFTER:
+            return new[: max(_KNOWN_MAX - len(known), 0)]
+        return new[:_KNOWN_MAX]
 
     def _learn(self, keys: dict[bytes, None]) -> re.Pattern[bytes]:
-        """Add ``keys`` (checked plain) to the pattern, compiling it only if one is new."""
+        """Add ``keys`` (checked plain) to the pattern, compiling it only if one is new.
+
+        When they do not fit, the pattern keeps the keys learned last: the ones met again in
+        this scan, then the most recent of the others. Memory stays bounded, and a flood of
+        keys that never come back cannot keep a later shape out."""
         known, pattern = self._state
         added = self._added(keys)
         if added:
             grown = {**known, **dict.fromkeys(added)}
+            if len(grown) > _KNOWN_MAX:
+                grown = dict.fromkeys(list(grown)[-_KNOWN_MAX:])
             try:
                 pattern = _compile(list(grown))
             except Exception:
                 # Whatever sre refuses is simply not skipped: it keeps coming back to Python.
                 return pattern
             self._state = (grown, pattern)
+            self._compiled_at = self._scans
         return pattern
 
 
