@@ -142,8 +142,10 @@ def test_search_answers_from_the_index_not_a_scan(store: Store) -> None:
     ).fetchall()
     conn.close()
     details = " ".join(str(row[-1]) for row in plan)
-    assert "trace_terms USING PRIMARY KEY" in details
+    assert "SEARCH trace_terms USING PRIMARY KEY" in details
+    assert "SEARCH search_terms USING" in details
     assert "SCAN trace_terms" not in details
+    assert "SCAN search_terms" not in details
 
 
 def test_deleting_a_trace_removes_it_from_search_and_lists(store: Store) -> None:
@@ -153,8 +155,19 @@ def test_deleting_a_trace_removes_it_from_search_and_lists(store: Store) -> None
     assert store.get_trace(trace_id) == []
     assert _names(store, attrs=[("retry", "true")]) == []
     conn = sqlite3.connect(store.path)
-    left = conn.execute("SELECT count(*) FROM trace_terms WHERE trace_id = ?", (trace_id,))
-    assert left.fetchone()[0] == 0
+    # No index row is left over, and no term that only this trace held.
+    assert (
+        conn.execute(
+            "SELECT count(*) FROM search_terms WHERE term LIKE '%db.query%' OR term LIKE '%503%'"
+        ).fetchone()[0]
+        == 0
+    )
+    assert (
+        conn.execute(
+            "SELECT count(*) FROM trace_terms WHERE trace_key NOT IN (SELECT rowid FROM traces)"
+        ).fetchone()[0]
+        == 0
+    )
     conn.close()
 
 
@@ -207,6 +220,7 @@ def test_an_older_store_is_indexed_when_opened(tmp_path: Path) -> None:
         s.write([span(1, name="legacy", attributes={"k": "v"}, message="broken pipe")])
     conn = sqlite3.connect(path)
     conn.execute("DROP TABLE trace_terms")
+    conn.execute("DROP TABLE search_terms")
     conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
     conn.commit()
     conn.close()

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from .schema import StoreError, migrate, read_version
+from .search import TermIndex
 
 _Self = TypeVar("_Self", bound="Connections")
 
@@ -53,6 +54,7 @@ class Connections:
         self._closed = False
         self._opened = False
         self._resource_ids: dict[str, int] = {}
+        self._terms = TermIndex()
         self.counters = Counters()
 
     def _connect(self) -> sqlite3.Connection:

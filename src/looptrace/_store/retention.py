@@ -12,8 +12,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from . import search
 from .connection import Connections
-from .search import trace_terms_of_rows
 
 _PRUNE_INTERVAL_S = 60.0
 _PRUNE_BATCH = 500
@@ -42,7 +42,7 @@ class Retention(Connections):
         for start in range(0, len(trace_ids), _PRUNE_BATCH):
             chunk = list(trace_ids[start : start + _PRUNE_BATCH])
             with self._write_lock:
-                deleted += self._delete_traces(self._writer_conn(), chunk, count=True)
+                deleted += self._delete_traces(self._writer_conn(), chunk)
         return deleted
 
     def delete_experiment(self, experiment_id: str) -> int | None:
@@ -177,34 +177,14 @@ class Retention(Connections):
         return int((pages - free) * size)
 
     @staticmethod
-    def _delete_traces(
-        conn: sqlite3.Connection, trace_ids: list[str], *, count: bool = False
-    ) -> int:
+    def _delete_traces(conn: sqlite3.Connection, trace_ids: list[str]) -> int:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            # The search index has no index by trace: its rows are found by making the
-            # trace's terms again from its spans (``search``).
-            terms: list[tuple[str, str]] = []
-            for trace_id in trace_ids:
-                rows = conn.execute(
-                    "SELECT name, status_message, attributes, events FROM spans WHERE trace_id = ?",
-                    (trace_id,),
-                )
-                terms.extend((t, trace_id) for t in trace_terms_of_rows(rows))
-            conn.executemany(
-                "DELETE FROM trace_terms WHERE term = ? AND trace_id = ?", sorted(terms)
-            )
-            existed = len(trace_ids)
-            if count:
-                existed = sum(
-                    conn.execute("SELECT 1 FROM traces WHERE trace_id = ?", (t,)).fetchone()
-                    is not None
-                    for t in trace_ids
-                )
+            search.forget_traces(conn, trace_ids)
             for table in ("spans", "scores", "trace_labels", "traces"):
-                conn.executemany(
+                existed = conn.executemany(
                     f"DELETE FROM {table} WHERE trace_id = ?", [(t,) for t in trace_ids]
-                )
+                ).rowcount
             conn.execute(
                 "DELETE FROM experiments WHERE id NOT IN "
                 "(SELECT experiment_id FROM traces WHERE experiment_id IS NOT NULL)"
@@ -213,4 +193,4 @@ class Retention(Connections):
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-        return existed
+        return int(existed)

@@ -146,13 +146,18 @@ def _migrate_to_2(conn: sqlite3.Connection) -> None:
     backfill_v2(conn)
 
 
-# Version 3: the search index (``search``): one row per (term, trace), a term being a span
-# attribute's key and value or a word of a name, a value or an error message.
+# Version 3: the search index (``search``): each distinct term once, and one row per (term,
+# trace), a term being a span attribute's key and value or a word of a name, a value or an
+# error message; a trace is named by its row in ``traces`` (appends, not splits).
 _SCHEMA_V3 = """
+CREATE TABLE IF NOT EXISTS search_terms (
+    id INTEGER PRIMARY KEY,
+    term TEXT NOT NULL UNIQUE
+);
 CREATE TABLE IF NOT EXISTS trace_terms (
-    term TEXT NOT NULL,
-    trace_id TEXT NOT NULL,
-    PRIMARY KEY (term, trace_id)
+    term_id INTEGER NOT NULL,
+    trace_key INTEGER NOT NULL,
+    PRIMARY KEY (term_id, trace_key)
 ) WITHOUT ROWID
 """
 

@@ -1,8 +1,11 @@
 """The search index: what makes a trace findable by a span attribute (``key=value``) or by a
 word in its spans' names, attribute values and error messages, without reading the spans.
 
-One table, ``trace_terms (term, trace_id)``, keyed by term: a lookup is a range of the key,
-whatever the number of traces. A term is one of
+Two tables. ``search_terms (id, term)`` numbers each distinct term once; ``trace_terms
+(term_id, trace_key)``, keyed by both, lists the traces (``traces.rowid``) that hold a term.
+A lookup is a range of a key, whatever the number of traces; and since a new trace gets the
+next rowid, a write appends at the end of each term's range instead of splitting pages all
+over the index (several times cheaper than keying by the trace id's text). A term is one of
 
     "a" SEP key SEP value   an attribute of a span of the trace, its value as text (strings as
                             they are, other values as JSON, each element of a list on its own),
@@ -15,15 +18,17 @@ Payloads (``input.value``, ``output.value``) and resource attributes are not ind
 first can be megabytes, the second are the same for every span of a process (the service has
 its own filter). Only the first ``MAX_TEXT`` characters of a value give words.
 
-The terms of a batch are made in ``write._prepare`` outside the write lock, deduplicated per
-trace, and inserted sorted in one ``executemany``. Deleting a trace deletes its terms by
-making them again from its stored spans (an index by trace would double the cost of every
-insert for the sake of the rare delete).
+The terms of a span are made in ``write._prepare``, outside the write lock (the terms of a
+repeated attribute value come from a bounded cache), deduplicated per trace and batch, and
+inserted in key order in one ``executemany``. Deleting a trace deletes its rows by making its
+terms again from its stored spans (an index by trace would double the cost of every insert
+for the sake of the rare delete), and the terms no trace holds any more.
 """
 
 from __future__ import annotations
 
 import re
+import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -57,25 +62,56 @@ def words(text: str) -> list[str]:
     return [w[:MAX_WORD] for w in _WORDS.findall(text[:MAX_TEXT].lower())]
 
 
+# (key, value) -> its terms, for the short values that repeat from span to span (function
+# names, routes, kinds): most spans then cost a dict lookup per attribute, not a regex.
+_ATTR_CACHE: dict[tuple[str, Any], tuple[str, ...]] = {}
+_ATTR_CACHE_MAX = 8192
+_CACHEABLE = 64
+
+
+def _attr_terms(key: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, list):
+        out: list[str] = []
+        for item in value:
+            out.extend(_attr_terms(key, item))
+        return tuple(out)
+    text = value_text(value)
+    if text is None:
+        return ()
+    if isinstance(value, str):
+        return (ATTR + key + SEP + text, *[WORD + w for w in words(value)])
+    return (ATTR + key + SEP + text,)
+
+
+def _name_terms(name: str) -> tuple[str, ...]:
+    key = ("", name)
+    found = _ATTR_CACHE.get(key)
+    if found is None:
+        if len(_ATTR_CACHE) >= _ATTR_CACHE_MAX:
+            _ATTR_CACHE.clear()
+        found = _ATTR_CACHE[key] = tuple(WORD + w for w in words(name))
+    return found
+
+
 def span_terms(
     name: str, status_message: str, attributes: Mapping[str, Any], events: Sequence[Any]
 ) -> set[str]:
     """The terms one span adds to its trace (``attributes`` without the payloads)."""
-    terms = {WORD + w for w in words(name)}
+    cache = _ATTR_CACHE
+    terms = set(_name_terms(name))
     if status_message:
         terms.update(WORD + w for w in words(status_message))
-    for key, value in attributes.items():
-        if isinstance(value, list):
-            items: Iterable[Any] = value
+    for item in attributes.items():
+        value = item[1]
+        if type(value) is str and len(value) <= _CACHEABLE:
+            found = cache.get(item)
+            if found is None:
+                if len(cache) >= _ATTR_CACHE_MAX:
+                    cache.clear()
+                found = cache[item] = _attr_terms(*item)
+            terms.update(found)
         else:
-            items = (value,)
-        for item in items:
-            text = value_text(item)
-            if text is None:
-                continue
-            terms.add(ATTR + key + SEP + text)
-            if isinstance(item, str):
-                terms.update(WORD + w for w in words(item))
+            terms.update(_attr_terms(*item))
     for event in events:
         if isinstance(event, Mapping) and event.get("name") == sc.EXCEPTION_EVENT:
             attrs = event.get("attributes") or {}
@@ -102,16 +138,22 @@ def parse_attr(raw: str) -> tuple[str, str]:
 def search_filters(
     attrs: Sequence[tuple[str, str]], text: str | None
 ) -> tuple[list[str], list[Any]]:
-    """WHERE clauses (on ``traces.trace_id``) and their parameters for attribute filters and
+    """WHERE clauses (on the ``traces`` table) and their parameters for attribute filters and
     a text search. Every attribute and every word must match (AND); each word of ``text``
     matches a word that starts with it, so ``time`` finds "timeout"."""
     where: list[str] = []
     params: list[Any] = []
     for key, value in attrs:
-        where.append("trace_id IN (SELECT trace_id FROM trace_terms WHERE term = ?)")
+        where.append(
+            "traces.rowid IN (SELECT trace_key FROM trace_terms WHERE term_id = "
+            "(SELECT id FROM search_terms WHERE term = ?))"
+        )
         params.append(attr_term(key, value))
     for word in dict.fromkeys(words(text or "")):
-        where.append("trace_id IN (SELECT trace_id FROM trace_terms WHERE term >= ? AND term < ?)")
+        where.append(
+            "traces.rowid IN (SELECT trace_key FROM trace_terms WHERE term_id IN "
+            "(SELECT id FROM search_terms WHERE term >= ? AND term < ?))"
+        )
         params.extend((WORD + word, WORD + word + _TOP))
     return where, params
 
@@ -125,3 +167,103 @@ def trace_terms_of_rows(rows: Iterable[Sequence[Any]]) -> set[str]:
     for name, message, attributes, events in rows:
         terms |= span_terms(name, message, loads(attributes) or {}, loads(events) or [])
     return terms
+
+
+_EPOCH = "search_terms_epoch"
+
+
+class TermIndex:
+    """The writer's side of the index: the ids of the terms it has met (a bounded cache,
+    dropped when a delete may have removed terms), and the rows of a batch."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+        self._epoch: Any = None
+
+    def forget(self) -> None:
+        """Drop the cache (after a rollback: it may name rows that are gone)."""
+        self._ids.clear()
+        self._epoch = None
+
+    def add(self, conn: sqlite3.Connection, trace_terms: Mapping[str, set[str]]) -> None:
+        """Index ``trace_terms`` (trace id -> its terms in this batch), inside the writer's
+        transaction, after the traces' rows exist."""
+        if not trace_terms:
+            return
+        # A delete that removed terms bumps the epoch: cached ids may then be gone. Read
+        # inside the write transaction, so no delete can come between the check and the use.
+        epoch = conn.execute("SELECT value FROM meta WHERE key = ?", (_EPOCH,)).fetchone()
+        if epoch != self._epoch or len(self._ids) > 200_000:
+            self._ids.clear()
+            self._epoch = epoch
+        ids = self._ids
+        missing = {t for terms in trace_terms.values() for t in terms if t not in ids}
+        if missing:
+            ordered = sorted(missing)
+            conn.executemany(
+                "INSERT OR IGNORE INTO search_terms (term) VALUES (?)", [(t,) for t in ordered]
+            )
+            ids.update(
+                (term, term_id)
+                for term_id, term in conn.execute(
+                    "SELECT id, term FROM search_terms WHERE term IN "
+                    "(SELECT value FROM json_each(?))",
+                    (orjson.dumps(ordered).decode(),),
+                )
+            )
+        keys = dict(
+            conn.execute(
+                "SELECT trace_id, rowid FROM traces WHERE trace_id IN "
+                "(SELECT value FROM json_each(?))",
+                (orjson.dumps(list(trace_terms)).decode(),),
+            ).fetchall()
+        )
+        rows = sorted(
+            {
+                (ids[term], keys[trace_id])
+                for trace_id, terms in trace_terms.items()
+                if trace_id in keys
+                for term in terms
+            }
+        )
+        conn.executemany(
+            "INSERT OR IGNORE INTO trace_terms (term_id, trace_key) VALUES (?, ?)", rows
+        )
+
+
+def forget_traces(conn: sqlite3.Connection, trace_ids: Sequence[str]) -> None:
+    """Delete the index rows of these traces (inside the caller's transaction, before their
+    spans and summaries go), and the terms that no trace holds any more."""
+    rows: list[tuple[int, int]] = []
+    for trace_id in trace_ids:
+        row = conn.execute("SELECT rowid FROM traces WHERE trace_id = ?", (trace_id,)).fetchone()
+        if row is None:
+            continue
+        terms = trace_terms_of_rows(
+            conn.execute(
+                "SELECT name, status_message, attributes, events FROM spans WHERE trace_id = ?",
+                (trace_id,),
+            )
+        )
+        rows.extend(
+            (term_id, row[0])
+            for (term_id,) in conn.execute(
+                "SELECT id FROM search_terms WHERE term IN (SELECT value FROM json_each(?))",
+                (orjson.dumps(sorted(terms)).decode(),),
+            )
+        )
+    if not rows:
+        return
+    rows.sort()
+    conn.executemany("DELETE FROM trace_terms WHERE term_id = ? AND trace_key = ?", rows)
+    gone = conn.executemany(
+        "DELETE FROM search_terms WHERE id = ? AND NOT EXISTS "
+        "(SELECT 1 FROM trace_terms WHERE term_id = ?)",
+        [(t, t) for t in sorted({t for t, _ in rows})],
+    ).rowcount
+    if gone:
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES (?, '1') "
+            "ON CONFLICT (key) DO UPDATE SET value = CAST(value AS INTEGER) + 1",
+            (_EPOCH,),
+        )

@@ -19,7 +19,7 @@ from .. import _semconv as sc
 from .._wire import DecodedSpan
 from .columns import dumps
 from .retention import Retention
-from .search import span_terms, trace_terms_of_rows
+from .search import TermIndex, span_terms, trace_terms_of_rows
 
 
 class _Prepared(NamedTuple):
@@ -115,8 +115,9 @@ class Writer(Retention):
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
-                # The resource cache may name rows the rollback removed.
+                # The caches may name rows the rollback removed.
                 self._resource_ids.clear()
+                self._terms.forget()
                 raise
             self.counters.writes += 1
             self.counters.spans_written += len(spans)
@@ -145,7 +146,14 @@ class Writer(Retention):
             )
         # The search index: a trace's terms once per batch, in key order (each insert then
         # lands next to the last one).
-        _insert_terms(conn, list({(t, p.trace_id) for p in prepared for t in p.terms}))
+        found: dict[str, set[str]] = {}
+        for p in prepared:
+            terms = found.get(p.trace_id)
+            if terms is None:
+                found[p.trace_id] = set(p.terms)
+            else:
+                terms |= p.terms
+        self._terms.add(conn, found)
         for prep in prepared:
             if prep.experiment is not None:
                 conn.execute(
@@ -425,31 +433,19 @@ def backfill_v2(conn: sqlite3.Connection) -> None:
 
 def backfill_v3(conn: sqlite3.Connection) -> None:
     """Index the spans stored before the search index (a migration step, run inside its
-    transaction), a trace at a time."""
-    rows = conn.execute(
-        "SELECT trace_id, name, status_message, attributes, events FROM spans ORDER BY trace_id"
-    )
-    trace_id: str | None = None
-    batch: list[Any] = []
-    pending: list[tuple[str, str]] = []
-    for row in rows:
-        if row[0] != trace_id:
-            if trace_id is not None:
-                pending.extend((t, trace_id) for t in trace_terms_of_rows(batch))
-            trace_id, batch = row[0], []
-        batch.append(row[1:])
-        if len(pending) > 10_000:
-            _insert_terms(conn, pending)
-            pending = []
-    if trace_id is not None:
-        pending.extend((t, trace_id) for t in trace_terms_of_rows(batch))
-    _insert_terms(conn, pending)
-
-
-def _insert_terms(conn: sqlite3.Connection, rows: list[tuple[str, str]]) -> None:
-    conn.executemany(
-        "INSERT OR IGNORE INTO trace_terms (term, trace_id) VALUES (?, ?)", sorted(rows)
-    )
+    transaction), a few hundred traces at a time."""
+    trace_ids = [r[0] for r in conn.execute("SELECT trace_id FROM traces ORDER BY rowid")]
+    index = TermIndex()
+    for start in range(0, len(trace_ids), 500):
+        found = {}
+        for trace_id in trace_ids[start : start + 500]:
+            found[trace_id] = trace_terms_of_rows(
+                conn.execute(
+                    "SELECT name, status_message, attributes, events FROM spans WHERE trace_id = ?",
+                    (trace_id,),
+                )
+            )
+        index.add(conn, found)
 
 
 def _json_column(value: Any) -> str | None:
