@@ -18,5 +18,6 @@ from .._otlp import PROTOBUF_CONTENT_TYPE as PROTOBUF_CONTENT_TYPE
 from .._otlp import compression as compression
 from .._store import Store as Store
 from .._store import StoreError as StoreError
+from .._store.experiments import DEFAULT_REGRESSION_THRESHOLD as DEFAULT_REGRESSION_THRESHOLD
 from .._transport.settings import is_loopback as is_loopback
 from .._wire import DecodedSpan as DecodedSpan

@@ -204,16 +204,6 @@ async def _api_experiments(request: Request) -> Response:
     return JSONResponse({"experiments": experiments, "limit": limit, "offset": offset})
 
 
-async def _api_experiment(request: Request) -> Response:
-    store: Store = request.app.state.store
-    experiment_id = request.path_params["experiment_id"]
-    preview = _int_param(request, "preview", 200, 0, 10**8)
-    experiment = await _in_thread(store.get_experiment, experiment_id, preview)
-    if experiment is None:
-        return _api_error(404, f"no experiment {experiment_id}")
-    return JSONResponse(experiment)
-
-
 async def _api_lag(request: Request) -> Response:
     store: Store = request.app.state.store
     limit = _int_param(request, "limit", 100, 1, 10_000)
@@ -320,6 +310,9 @@ def _api(
 
 def api_routes() -> list[BaseRoute]:
     """``/v1/traces`` and the ``/api`` routes (what ``create_app`` mounts before extra routes)."""
+    # Imported here: they build on this module's helpers.
+    from . import api_experiments, live
+
     return [
         Route("/v1/traces", receive_traces, methods=["POST"]),
         Route("/api/traces", _api(_api_traces), methods=["GET"]),
@@ -330,7 +323,8 @@ def api_routes() -> list[BaseRoute]:
         # A session id is the application's own string and may hold a "/".
         Route("/api/sessions/{session_id:path}", _api(_api_session), methods=["GET"]),
         Route("/api/experiments", _api(_api_experiments), methods=["GET"]),
-        Route("/api/experiments/{experiment_id}", _api(_api_experiment), methods=["GET"]),
+        *api_experiments.routes(),
+        *live.routes(),
         Route("/api/lag", _api(_api_lag), methods=["GET"]),
         Route("/api/stats", _api(_api_stats), methods=["GET"]),
     ]

@@ -29,6 +29,7 @@ from starlette.routing import BaseRoute
 from ._internals import Store, is_loopback
 from .api import api_routes
 from .gate import HostGate, TokenGate
+from .live import ChangeWatcher
 from .receiver import Limits
 
 __all__ = [
@@ -93,6 +94,7 @@ def create_app(
             cfg = cfg.replace(store_path=Path(store_path))
         store = Store.from_config(cfg)
     owned_store = store
+    changes = ChangeWatcher(store.path)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -101,10 +103,12 @@ def create_app(
         try:
             yield
         finally:
+            await anyio.to_thread.run_sync(changes.close)
             await anyio.to_thread.run_sync(owned_store.close)
 
     app = Starlette(routes=[*api_routes(), *extra_routes], lifespan=lifespan)
     app.state.store = store
+    app.state.changes = changes
     app.state.limits = Limits(
         max_body_bytes, max_decompressed_bytes, max_pending_bytes, max_spans_per_request
     )

@@ -58,6 +58,19 @@ function show(...children) {
   append(main, children);
 }
 
+// Listeners a page adds outside #main (window, document) end when the page is drawn again, as
+// live mode (live.js) does when the store changes: freshPage() at the start of such a page.
+let pageListeners = new AbortController();
+function freshPage() {
+  pageListeners.abort();
+  pageListeners = new AbortController();
+  return pageListeners.signal;
+}
+
+// What the open trace page would keep across a redraw (scroll, folds, search): set by
+// tracePage, read by live.js, which hands it back to tracePage(traceId, keep).
+let traceState = null;
+
 function fail(error) {
   show(el("p", { className: "error-text" }, `Could not load this page: ${error.message}`));
 }
@@ -422,8 +435,9 @@ function scoresTable(scores) {
     el("td", {}, sc.comment ?? "", el("div", { className: "muted" }, fmtTime(sc.time)))))));
 }
 
-async function tracePage(traceId) {
+async function tracePage(traceId, keep = null) {
   const data = await api(`/api/traces/${encodeURIComponent(traceId)}`);
+  const signal = freshPage();
   const trace = data.trace;
   // Scores are shown on the span they score, not as rows: one sent minutes later would stretch
   // the time axis. A score whose span is not here is shown above the waterfall.
@@ -471,6 +485,8 @@ async function tracePage(traceId) {
   const folded = new Uint8Array(n);
   const foldBelowRoots = () => { for (let i = 0; i < n; i++) if (ordered[i].depth >= 1 && end[i] > i + 1) folded[i] = 1; };
   if (n > FOLD_ABOVE) foldBelowRoots();
+  // Redrawn with more spans: the spans seen before keep their fold, new ones take the default.
+  if (keep) for (let i = 0; i < n; i++) if (keep.known.has(ordered[i].span.span_id)) folded[i] = keep.folded.has(ordered[i].span.span_id) ? 1 : 0;
   const rowEls = new Array(n);
   let shown = [];
 
@@ -618,7 +634,7 @@ async function tracePage(traceId) {
       search.focus();
     }
   };
-  document.addEventListener("keydown", onSlash);
+  document.addEventListener("keydown", onSlash, { signal });
 
   // The minimap: every span of the trace as a line (time across, depth-first order down), the
   // rows in view as a frame; a click there scrolls the waterfall to that span.
@@ -697,7 +713,14 @@ async function tracePage(traceId) {
     }
     if (selected === id) panel.replaceChildren(...spanDetails(span, t0, scoresOf.get(id)));
   };
-  window.addEventListener("hashchange", select);
+  window.addEventListener("hashchange", select, { signal });
+  traceState = () => ({
+    trace,
+    scrollTop: rowsBox.scrollTop,
+    search: search.value,
+    known: new Set(ordered.map((o) => o.span.span_id)),
+    folded: new Set(ordered.filter((_, i) => folded[i]).map((o) => o.span.span_id)),
+  });
 
   show(
     el("div", { className: "trace-head" },
@@ -720,8 +743,10 @@ async function tracePage(traceId) {
         `Showing the first ${spans.length.toLocaleString()} of ${trace.span_count.toLocaleString()} spans (by start time): the collector returns at most that many per trace.`)
       : null,
     el("div", { className: "trace-layout" }, waterfall, panel));
+  if (keep?.search) { search.value = keep.search; runSearch(); }
   render();
   await select();
+  if (keep) rowsBox.scrollTop = keep.scrollTop;
 }
 
 // Attributes shown in their own sections, not in the attribute table.
@@ -800,6 +825,15 @@ function isStructured(v) {
   return (typeof v === "object" && v !== null) || (typeof v === "string" && /^\s*[[{]/.test(v));
 }
 
+// An attribute key that may wrap only after a dot or an underscore, never inside a word
+// ("looptrace.case." / "repetition", not "looptrace.case.repetitio" / "n").
+function keyText(key) {
+  const out = [];
+  for (const part of String(key).split(/(?<=[._])/)) out.push(part, el("wbr"));
+  out.pop();
+  return out;
+}
+
 function kv(pairs) {
   return el("dl", { className: "kv" }, pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
 }
@@ -852,7 +886,7 @@ function spanDetails(span, t0, scores) {
   if (attrs.length) {
     out.push(el("h3", {}, "Attributes"), el("table", { className: "grid attributes" }, el("tbody", {},
       attrs.sort(([a], [b]) => a.localeCompare(b)).map(([k, v]) => el("tr", {},
-        el("td", { className: "mono" }, k),
+        el("td", { className: "mono key" }, keyText(k)),
         el("td", {}, attrValue(k, v)))))));
   }
   const events = (span.events || []).filter((e) => e !== exception);
@@ -861,7 +895,7 @@ function spanDetails(span, t0, scores) {
       el("strong", {}, e.name), el("span", { className: "muted" }, ` +${fmtDuration(e.time_ns - t0)}`),
       Object.keys(e.attributes || {}).length
         ? el("table", { className: "grid attributes" }, el("tbody", {},
-          Object.entries(e.attributes).map(([k, v]) => el("tr", {}, el("td", { className: "mono" }, k), el("td", {}, attrValue(k, v))))))
+          Object.entries(e.attributes).map(([k, v]) => el("tr", {}, el("td", { className: "mono key" }, keyText(k)), el("td", {}, attrValue(k, v))))))
         : null))));
   }
   if (span.resource && Object.keys(span.resource).length) {
@@ -871,55 +905,7 @@ function spanDetails(span, t0, scores) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Experiments
-
-function scoreNames(experiments) {
-  const names = new Set();
-  for (const e of experiments) for (const name of Object.keys(e.scores || {})) names.add(name);
-  return [...names].sort();
-}
-
-async function experimentsPage() {
-  const data = await api(`/api/experiments?limit=200`);
-  const experiments = data.experiments;
-  const names = scoreNames(experiments);
-  const withCost = experiments.some((e) => e.cost_usd != null);
-  const picked = [];
-  const compare = el("button", { type: "button", disabled: true, id: "compare" }, "Compare two");
-  compare.addEventListener("click", () => {
-    location.href = `/compare?a=${encodeURIComponent(picked[0])}&b=${encodeURIComponent(picked[1])}`;
-  });
-  const onPick = (id, box) => {
-    if (box.checked) picked.push(id); else picked.splice(picked.indexOf(id), 1);
-    while (picked.length > 2) {
-      const dropped = picked.shift();
-      document.querySelector(`input[data-experiment-id="${CSS.escape(dropped)}"]`).checked = false;
-    }
-    compare.disabled = picked.length !== 2;
-  };
-  const rows = experiments.map((e) => {
-    const box = el("input", { type: "checkbox", "data-experiment-id": e.id, "aria-label": "compare" });
-    box.addEventListener("change", () => onPick(e.id, box));
-    return el("tr", { "data-experiment-id": e.id },
-      el("td", {}, box),
-      el("td", {}, link(`/experiments/${encodeURIComponent(e.id)}`, e.name || e.id)),
-      el("td", { className: "mono" }, fmtTime(e.created_ns)),
-      el("td", { className: "num" }, String(e.case_count)),
-      el("td", { className: `num${e.error_count ? " worse" : ""}` }, String(e.error_count)),
-      withCost ? costCell(e.cost_usd) : null,
-      names.map((n) => el("td", { className: "num" }, e.scores?.[n] ? fmtNumber(e.scores[n].mean) : "")));
-  });
-  show(el("h1", {}, "Experiments"),
-    experiments.length
-      ? [el("div", { className: "filters" }, compare, el("span", { className: "muted" }, " tick two experiments to compare their scores")),
-        el("table", { className: "grid experiments" },
-          el("thead", {}, el("tr", {}, el("th", {}, ""), el("th", {}, "Experiment"), el("th", {}, "Created"),
-            el("th", { className: "num" }, "Cases"), el("th", { className: "num" }, "Errors"),
-            withCost ? el("th", { className: "num" }, "Cost") : null,
-            names.map((n) => el("th", { className: "num", title: "mean" }, `${n} (mean)`)))),
-          el("tbody", {}, rows))]
-      : el("p", { className: "muted" }, "No experiments yet: run one with `async with looptrace.experiment(...)`."));
-}
+// Experiments: experimentsPage, experimentPage and comparePage are in experiments.js.
 
 // Table cells show payloads on one line (compact JSON); the tooltip has the indented form.
 function compact(value) {
@@ -934,96 +920,6 @@ function compact(value) {
 function payloadCell(value) {
   if (value === null || value === undefined) return el("td", { className: "payload" });
   return el("td", { className: "payload" }, el("pre", { title: pretty(value) }, compact(value)));
-}
-
-async function experimentPage(experimentId) {
-  const e = await api(`/api/experiments/${encodeURIComponent(experimentId)}`);
-  const names = Object.keys(e.scores || {}).sort();
-  const withTokens = Boolean(e.input_tokens || e.output_tokens);
-  const withCost = (e.cases || []).some((c) => c.cost_usd != null);
-  const cards = el("div", { className: "cards" },
-    el("div", { className: "card" }, el("div", { className: "k" }, "cases"), el("div", { className: "v" }, String(e.case_count))),
-    el("div", { className: "card" }, el("div", { className: "k" }, "errors"), el("div", { className: `v${e.error_count ? " worse" : ""}` }, String(e.error_count))),
-    e.input_tokens || e.output_tokens
-      ? el("div", { className: "card", "data-tokens": "" }, el("div", { className: "k" }, "LLM tokens"),
-        el("div", { className: "v" }, `${e.input_tokens} in · ${e.output_tokens} out`))
-      : null,
-    e.cost_usd != null
-      ? el("div", { className: "card", "data-cost": "", title: `${e.cost_usd} USD over ${e.costed_cases} of ${e.case_count} cases` },
-        el("div", { className: "k" }, "cost"), el("div", { className: "v" }, fmtCost(e.cost_usd)),
-        e.costed_cases < e.case_count ? el("div", { className: "muted" }, `${e.costed_cases} of ${e.case_count} cases priced`) : null)
-      : null,
-    names.map((n) => el("div", { className: "card", "data-score": n },
-      el("div", { className: "k" }, `${n} mean`), el("div", { className: "v" }, fmtNumber(e.scores[n].mean)),
-      el("div", { className: "muted" }, `min ${fmtNumber(e.scores[n].min)} · max ${fmtNumber(e.scores[n].max)} · n ${e.scores[n].count}`))));
-  const rows = (e.cases || []).map((c) => el("tr", { "data-case-index": c.case_index },
-    el("td", { className: "num" }, String(c.case_index)),
-    el("td", { className: "case-name" }, c.name || ""),
-    payloadCell(c.input), payloadCell(c.output), payloadCell(c.expected),
-    names.map((n) => el("td", { className: "num", title: c.comments?.[n] || "" }, c.scores?.[n] !== undefined ? fmtNumber(c.scores[n]) : "")),
-    el("td", {}, badge(c.in_progress ? "in_progress" : c.status), c.error ? el("div", { className: "error-text" }, c.error) : null),
-    el("td", { className: "num" }, fmtDuration(c.duration_ns)),
-    withTokens ? el("td", { className: "num" }, c.input_tokens || c.output_tokens ? `${c.input_tokens ?? 0} / ${c.output_tokens ?? 0}` : "") : null,
-    withCost ? costCell(c.cost_usd) : null,
-    el("td", {}, link(`/traces/${encodeURIComponent(c.trace_id)}#span=${encodeURIComponent(c.span_id)}`, "trace"))));
-  const meta = e.metadata && Object.keys(e.metadata).length ? el("details", {}, el("summary", {}, "metadata"), jsonBlock(e.metadata)) : null;
-  show(
-    el("div", { className: "trace-head" }, el("h1", {}, e.name || e.id), el("span", { className: "muted" }, fmtTime(e.created_ns)),
-      (e.tags || []).map((t) => el("span", { className: "badge unset" }, t)),
-      e.trace ? link(`/traces/${encodeURIComponent(e.trace.trace_id)}`, "experiment trace") : null,
-      el("span", { className: "mono muted" }, e.id)),
-    meta, cards,
-    el("table", { className: "grid cases" },
-      el("thead", {}, el("tr", {}, el("th", { className: "num" }, "#"), el("th", {}, "Case"), el("th", {}, "Input"), el("th", {}, "Output"), el("th", {}, "Expected"),
-        names.map((n) => el("th", { className: "num" }, n)), el("th", {}, "Status"), el("th", { className: "num" }, "Duration"),
-        withTokens ? el("th", { className: "num" }, "Tokens in / out") : null,
-        withCost ? el("th", { className: "num" }, "Cost") : null, el("th", {}, ""))),
-      el("tbody", {}, rows)));
-}
-
-async function comparePage() {
-  const q = query();
-  const [a, b] = await Promise.all([q.get("a"), q.get("b")].map((id) => api(`/api/experiments/${encodeURIComponent(id || "")}`)));
-  const names = scoreNames([a, b]);
-  const title = (e) => link(`/experiments/${encodeURIComponent(e.id)}`, e.name || e.id);
-  // Scores: higher is better. Errors: fewer is better (lowerIsBetter flips the colour only).
-  const delta = (x, y, lowerIsBetter = false, digits = 3) => {
-    if (typeof x !== "number" || typeof y !== "number") return el("td", { className: "num" }, "");
-    const d = y - x;
-    const good = lowerIsBetter ? d < 0 : d > 0;
-    return el("td", { className: `num ${d === 0 ? "" : good ? "better" : "worse"}` }, `${d > 0 ? "+" : ""}${fmtNumber(d, digits)}`);
-  };
-  const summary = el("table", { className: "grid compare-summary" },
-    el("thead", {}, el("tr", {}, el("th", {}, "Score (mean)"), el("th", { className: "num" }, el("span", {}, "A: ", title(a))),
-      el("th", { className: "num" }, el("span", {}, "B: ", title(b))), el("th", { className: "num" }, "B − A"))),
-    el("tbody", {},
-      names.map((n) => el("tr", { "data-score": n }, el("td", {}, n),
-        el("td", { className: "num" }, fmtNumber(a.scores[n]?.mean)), el("td", { className: "num" }, fmtNumber(b.scores[n]?.mean)),
-        delta(a.scores[n]?.mean, b.scores[n]?.mean))),
-      el("tr", {}, el("td", {}, "errors"), el("td", { className: "num" }, String(a.error_count)), el("td", { className: "num" }, String(b.error_count)),
-        delta(a.error_count, b.error_count, true, 0))));
-  // Cases line up by their index in the dataset (first repetition of each).
-  const byIndex = (e) => { const m = new Map(); for (const c of e.cases) if (!m.has(c.case_index)) m.set(c.case_index, c); return m; };
-  const ca = byIndex(a);
-  const cb = byIndex(b);
-  const indexes = [...new Set([...ca.keys(), ...cb.keys()])].sort((x, y) => x - y);
-  const caseLink = (c) => c ? link(`/traces/${encodeURIComponent(c.trace_id)}#span=${encodeURIComponent(c.span_id)}`, "trace") : "";
-  const rows = indexes.map((i) => {
-    const x = ca.get(i);
-    const y = cb.get(i);
-    return el("tr", { "data-case-index": i }, el("td", { className: "num" }, String(i)),
-      payloadCell((x || y).input), payloadCell(x?.output), payloadCell(y?.output),
-      names.map((n) => [el("td", { className: "num" }, fmtNumber(x?.scores?.[n])), el("td", { className: "num" }, fmtNumber(y?.scores?.[n])),
-        delta(x?.scores?.[n], y?.scores?.[n])]),
-      el("td", {}, caseLink(x), " ", caseLink(y)));
-  });
-  show(el("h1", {}, "Compare experiments"), summary,
-    el("h2", {}, "Cases"),
-    el("table", { className: "grid compare-cases" },
-      el("thead", {}, el("tr", {}, el("th", { className: "num" }, "#"), el("th", {}, "Input"), el("th", {}, "Output A"), el("th", {}, "Output B"),
-        names.map((n) => [el("th", { className: "num" }, `${n} A`), el("th", { className: "num" }, `${n} B`), el("th", { className: "num" }, "Δ")]),
-        el("th", {}, "Traces"))),
-      el("tbody", {}, rows)));
 }
 
 // ---------------------------------------------------------------------------------------------
