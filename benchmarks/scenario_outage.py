@@ -1,12 +1,14 @@
 """Recovery after an outage, side by side in one run: looptrace against the OpenTelemetry SDK.
 
 The backend (an OTLP/HTTP sink in another process) answers 503 for the first 3 s of the run
-while the application emits 2,000 spans evenly over those 3 s, then answers 200 again. Per row:
+while the application emits 2,000 spans evenly over those 3 s, then answers 200 again; with
+``--retry-after 2`` it answers 429 with ``Retry-After: 2`` instead (a rate limit). Per row:
 how long after the last span was emitted the last one arrived, how many requests the backend
 was handling at once while it failed (once the first failure was answered), how many spans
 never arrived and how many arrived twice. Rounds alternate the rows.
 
     .venv/bin/python benchmarks/scenario_outage.py [--rounds 3] [--spans 2000] [--outage 3]
+        [--retry-after 2]
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from typing import Any
 
 
 def sink_main() -> None:
-    """Answers 503 until the deadline set by ``GET /fail/<seconds>``, then 200; ``GET /stats``
-    reports what it saw since."""
+    """Answers 503 until the deadline set by ``GET /fail/<seconds>`` (429 with ``Retry-After``
+    after ``GET /fail/<seconds>/<retry after>``), then 200; ``GET /stats`` reports what it saw
+    since."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
     )
@@ -34,8 +37,9 @@ def sink_main() -> None:
     lock = threading.Lock()
     state: dict[str, Any] = {}
 
-    def reset(seconds: float) -> None:
+    def reset(seconds: float, retry_after: str | None = None) -> None:
         state.update(
+            retry_after=retry_after,
             fail_until=time.monotonic() + seconds,
             first_failure_answered=None,
             active=0,
@@ -61,7 +65,7 @@ def sink_main() -> None:
                     state["most_while_failing"] = max(state["most_while_failing"], state["active"])
             try:
                 if failing:
-                    status = 503
+                    status = 503 if state["retry_after"] is None else 429
                 else:
                     status = 200
                     if self.headers.get("Content-Encoding") == "gzip":
@@ -77,6 +81,8 @@ def sink_main() -> None:
                                     state["seen"][key] = state["seen"].get(key, 0) + 1
                         state["last_accepted"] = time.time()
                 self.send_response(status)
+                if status == 429:
+                    self.send_header("Retry-After", state["retry_after"])
                 self.send_header("Content-Length", "0")
                 self.end_headers()
             finally:
@@ -88,7 +94,8 @@ def sink_main() -> None:
         def do_GET(self) -> None:
             with lock:
                 if self.path.startswith("/fail/"):
-                    reset(float(self.path.rsplit("/", 1)[1]))
+                    fields = self.path.split("/")[2:]
+                    reset(float(fields[0]), fields[1] if len(fields) > 1 else None)
                 seen = state["seen"]
                 stats = {
                     "unique": len(seen),
@@ -155,6 +162,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--spans", type=int, default=2000)
     parser.add_argument("--outage", type=float, default=3.0)
+    parser.add_argument(
+        "--retry-after", help="answer 429 with this Retry-After (seconds) instead of 503"
+    )
     args = parser.parse_args()
     if args.sink:
         sink_main()
@@ -176,9 +186,13 @@ def main() -> None:
         with urllib.request.urlopen(base + path) as r:
             return json.loads(r.read())  # type: ignore[no-any-return]
 
+    failing = "503" if args.retry_after is None else f"429 with Retry-After: {args.retry_after}"
+    fail_path = f"/fail/{args.outage}" + (
+        "" if args.retry_after is None else f"/{args.retry_after}"
+    )
     print(
         f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs: {args.spans} spans over "
-        f"{args.outage} s while the backend answers 503, then 200"
+        f"{args.outage} s while the backend answers {failing}, then 200"
     )
     print(
         f"{'':<22}{'last span after emission (s)':>30}{'at once while failing':>24}{'lost':>7}{'twice':>7}"
@@ -187,7 +201,7 @@ def main() -> None:
     try:
         for r in range(args.rounds):
             for kind in ("looptrace", "OpenTelemetry SDK"):
-                get(f"/fail/{args.outage}")
+                get(fail_path)
                 out = subprocess.run(
                     [
                         sys.executable,

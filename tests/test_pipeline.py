@@ -196,8 +196,8 @@ async def test_flush_sync_on_the_flusher_loop_does_not_deadlock(server: OtlpTest
     await asyncio.sleep(0)  # the flusher task now lives on this loop
     pipeline = _export.current()
     assert pipeline is not None
-    assert pipeline._home is not None
-    assert not pipeline._home.private
+    assert pipeline.flusher.homes.primary is not None
+    assert not pipeline.flusher.homes.primary.private
     result = looptrace.flush_sync(5)  # blocks this loop on purpose
     assert result.ok
     assert server.accepted_span_count == 10
@@ -282,9 +282,9 @@ async def test_flusher_runs_on_the_running_loop_in_short_slices(
         assert (await looptrace.flush(10)).ok
     pipeline = _export.current()
     assert pipeline is not None
-    assert pipeline._home is not None
-    assert not pipeline._home.private
-    assert pipeline._home.thread_id == threading.get_ident()
+    assert pipeline.flusher.homes.primary is not None
+    assert not pipeline.flusher.homes.primary.private
+    assert pipeline.flusher.homes.primary.thread_id == threading.get_ident()
     assert server.accepted_span_count == 500
     assert turns.count >= 500
 
@@ -494,6 +494,6 @@ def test_configure_replaces_the_pipeline_and_sends_what_it_had(server: OtlpTestS
     old = _export.current()
     assert old is not None
     looptrace.configure(endpoint=server.endpoint, flush_interval=0.05)
-    assert old._closed.wait(5)
+    assert old.lifecycle.wait_closed(5)
     assert server.accepted_span_count == 7
     assert old.statistics().spans_sent == 7

@@ -158,8 +158,8 @@ def test_trio_programs_use_the_private_thread(server: OtlpTestServer) -> None:
     assert server.accepted_span_count == 30
     pipeline = _export.current()
     assert pipeline is not None
-    assert pipeline._home is not None
-    assert pipeline._home.private
+    assert pipeline.flusher.homes.primary is not None
+    assert pipeline.flusher.homes.primary.private
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -265,8 +265,8 @@ async def test_shutdown_flushes_then_stops(server: OtlpTestServer) -> None:
     result = await looptrace.shutdown(5)
     assert result.ok
     assert result.sent == 15
-    assert pipeline._closed.is_set()
-    assert all(h.done.is_set() for h in pipeline._homes)
+    assert pipeline.lifecycle.closed
+    assert all(h.done.is_set() for h in pipeline.flusher.homes.all)
     assert looptrace.statistics().spans_sent == 15
     assert server.accepted_span_count == 15
     make_spans(1, "after")

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from looptrace._export.spool import READY, SpoolDir, endpoint_key, read_file
+from looptrace._export.spool_dir import READY, SpoolDir, endpoint_key, read_file
 from otlp_server import OtlpTestServer, decode_body
 
 # Prints what the pipeline did, once looptrace's own exit flush has run: atexit handlers run

@@ -123,7 +123,7 @@ def _get_or_create() -> Pipeline:
     global _pipeline, _atexit_registered
     with _lock:
         pipeline = _pipeline
-        if pipeline is None or pipeline._closed.is_set():
+        if pipeline is None or pipeline.lifecycle.closed:
             # get_config() raises ConfigurationError when the environment cannot be used: the
             # caller (the first span's sink, or flush) decides what that means for it.
             pipeline = _pipeline = Pipeline(get_config())
@@ -361,7 +361,7 @@ def _at_exit() -> None:
         return
     _state.sink = _AfterExit(pipeline)
     if pipeline.buffer.idle():
-        pipeline._finish_close()  # nothing to send; reports drops not yet logged
+        pipeline.flusher.close_down()  # nothing to send; reports drops not yet logged
         return
     # One line says what could not be sent (the drop log and the deadline stay quiet).
     _report_lost(pipeline, pipeline.shutdown_sync(pipeline.cfg.shutdown_timeout, quiet=True))

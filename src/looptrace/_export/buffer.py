@@ -26,8 +26,10 @@ from __future__ import annotations
 import collections
 import sys
 import threading
-from collections.abc import Callable, Sized
+from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from .batch import Batch
 
 if TYPE_CHECKING:
     from .._capture.spans import Span
@@ -51,42 +53,6 @@ def gil_enabled() -> bool:
     return True if check is None else bool(check())
 
 
-class Batch:
-    """Encoded spans that travel together in one request (and come back together on failure)."""
-
-    __slots__ = (
-        "attempts",
-        "chunks",
-        "file",
-        "first_failure",
-        "hi",
-        "lo",
-        "lost",
-        "nbytes",
-        "records",
-        "spans",
-    )
-
-    def __init__(self, lo: int, hi: int, spans: list[Span], nbytes: int) -> None:
-        self.lo = lo  # sequence numbers [lo, hi) of the real spans in this batch
-        self.hi = hi
-        self.spans: list[Span] | None = spans  # until encoded
-        self.chunks: list[Sized] = []  # what the exporter made of the spans, once encoded
-        self.nbytes = nbytes  # estimated until encoded, then exact
-        self.records = 0  # extra records (in-progress) that are not counted as spans
-        self.lost = 0  # spans in [lo, hi) that failed to encode (already counted as dropped)
-        self.first_failure: float | None = None
-        self.attempts = 0
-        self.file: str | None = None  # its spool file while it is in flight (durable spool)
-
-    @property
-    def span_count(self) -> int:
-        return self.hi - self.lo - self.lost
-
-    def __repr__(self) -> str:
-        return f"<Batch [{self.lo},{self.hi}) {self.nbytes}B attempts={self.attempts}>"
-
-
 class Buffer:
     """Pending spans (raw, FIFO), batches waiting for a retry, and batches in flight."""
 
@@ -98,13 +64,19 @@ class Buffer:
         batch_bytes: int,
         estimate: Callable[[Span], int] | None,
         on_crossing: Callable[[], None],
+        on_drop: Callable[[str, int], None] | None = None,
     ) -> None:
+        """``on_crossing``: a producer crossed a threshold (wake or start a flusher);
+        ``on_drop(reason, count)``: spans were dropped, already counted (said, and waiters
+        woken, by whoever owns the buffer). Both are called outside the lock."""
         self.max_spans = max_spans
         self.max_bytes = max_bytes
         self.batch_spans = batch_spans
         self.batch_bytes = batch_bytes
         self._estimate = estimate
         self._on_crossing = on_crossing
+        self._on_drop: Callable[[str, int], None] = on_drop or _no_drop_hook
+        self._closed = False  # closed: a span pushed now is dropped (``shutdown``) at once
         self._lock = threading.Lock()
         self._q: collections.deque[tuple[Span, int]] = collections.deque()
         # Written by producers only (lock-free, see the module docstring).
@@ -157,18 +129,33 @@ class Buffer:
     def _slow_path(self) -> None:
         with self._lock:
             q = self._q
-            dropped = self._shed()
-            crossing = self._armed and (
-                len(q) >= (1 if self._idle_wake else self.batch_spans)
-                or self._in_bytes - self._out_bytes >= self.batch_bytes
-            )
-            if crossing:
-                self._armed = False
-            self._rearm_thresholds()
+            if self._closed:
+                # The pipeline has stopped: a span that ends now (a thread that read the sink
+                # just before it was replaced) is counted, not kept where nobody sends it.
+                late = len(q)
+                self._out_count += late
+                self._out_bytes = self._in_bytes
+                q.clear()
+                self.dropped["shutdown"] += late
+                self._slow_count = 0
+                crossing = False
+                dropped = 0
+            else:
+                late = 0
+                dropped = self._shed()
+                crossing = self._armed and (
+                    len(q) >= (1 if self._idle_wake else self.batch_spans)
+                    or self._in_bytes - self._out_bytes >= self.batch_bytes
+                )
+                if crossing:
+                    self._armed = False
+                self._rearm_thresholds()
         if crossing:
             self._on_crossing()
         if dropped:
             self._on_drop("buffer_full", dropped)
+        if late:
+            self._on_drop("shutdown", late)
 
     def _shed(self) -> int:
         """Under the lock: drop the oldest pending spans (batches waiting for a retry first,
@@ -198,6 +185,9 @@ class Buffer:
     def _rearm_thresholds(self) -> None:
         # Under the lock. While armed, wake at a batch's worth; once the flusher has been told,
         # only the hard limits matter until it drains.
+        if self._closed:
+            self._slow_count = 0
+            return
         room_spans = self.max_spans - self._retry_spans
         room_bytes = self._out_bytes + self.max_bytes - self._retry_bytes
         if self._armed:
@@ -207,8 +197,17 @@ class Buffer:
             self._slow_count = room_spans + 1
             self._slow_bytes = room_bytes + 1
 
-    def _on_drop(self, reason: str, count: int) -> None:
-        """Replaced by the pipeline (logging, waking waiters)."""
+    def use_estimate(self, estimate: Callable[[Span], int]) -> None:
+        """Weigh spans with the exporter's estimate from now on (loaded off the caller's path:
+        until then, :data:`FALLBACK_SPAN_BYTES`)."""
+        self._estimate = estimate
+
+    def close(self) -> None:
+        """Take no span any more: each one pushed from now on is dropped and counted as
+        ``shutdown`` (what is still held is for the owner to drop or spool)."""
+        with self._lock:
+            self._closed = True
+            self._slow_count = 0
 
     def arm(self, first_span: bool = False) -> bool:
         """The flusher drained: tell it about the next crossing again.
@@ -451,28 +450,5 @@ class Buffer:
         return bool(self._q) or bool(self._retry)
 
 
-def halves(batch: Batch) -> list[Batch]:
-    """Split a batch the destination found too large into two, keeping span order."""
-    mid = len(batch.chunks) // 2
-    if batch.span_count:
-        # Spans that failed to encode (``lost``) stay with the first half's range.
-        cut = batch.lo + batch.lost + mid
-        return [
-            part(batch.lo, cut, batch.chunks[:mid], batch.lost),
-            part(cut, batch.hi, batch.chunks[mid:], 0),
-        ]
-    parts = []  # in-progress records only
-    for chunks in (batch.chunks[:mid], batch.chunks[mid:]):
-        piece = part(batch.lo, batch.lo, chunks, 0)
-        piece.records = len(chunks)
-        parts.append(piece)
-    return parts
-
-
-def part(lo: int, hi: int, chunks: list[Sized], lost: int) -> Batch:
-    """A batch of already encoded chunks for the spans [lo, hi), ``lost`` of which failed."""
-    piece = Batch(lo, hi, [], sum(len(c) for c in chunks))
-    piece.spans = None
-    piece.chunks = chunks
-    piece.lost = lost
-    return piece
+def _no_drop_hook(reason: str, count: int) -> None:
+    pass

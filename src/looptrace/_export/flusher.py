@@ -1,7 +1,7 @@
 """The flusher: ended spans -> buffer -> batches -> an :class:`~.exporter.Exporter`, several
 batches in flight.
 
-    span.end() -> Flusher.on_end = Buffer.push      (any thread; O(1), no lock, no I/O)
+    span.end() -> Pipeline.on_end = Buffer.push     (any thread; O(1), no lock, no I/O)
         | a batch's worth pending, or the first span after idle: kick the flusher (once)
         v
     flusher task (a :class:`~.homes.Home`: the app's running asyncio loop, else a private loop
@@ -13,34 +13,34 @@ batches in flight.
     time while the destination fails; TOO_LARGE splits it; REJECTED drops it; the retry
     budget bounds it all.
 
-:class:`~.pipeline.Pipeline` adds what callers use (flush, backpressure, shutdown, statistics).
+:class:`~.pipeline.Pipeline` makes a flusher and adds what callers use (flush, backpressure,
+shutdown, statistics); the buffer is the flusher's, made with the flusher's hooks (a crossing
+wakes a home, a drop is said and wakes waiters); the pipeline's :class:`~.lifecycle.Lifecycle`
+says whether the flushers run, stop once nothing is held, or are closed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import logging
-import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sized
 from typing import TYPE_CHECKING
 
 from .._capture.context import suppress_tracing
 from .._errors import report_internal
-from .._transport import RetryPolicy, off_loop
-from .buffer import Batch, Buffer, halves, part
+from .._transport import off_loop
+from .batch import Batch, halves, part
+from .buffer import Buffer
 from .exporter import Exporter, Outcome, Verdict
-from .homes import Home, PrivateLoop, Waiter, running_asyncio_loop, wait_event
+from .homes import Home, Homes, Waiter, wait_event
+from .lifecycle import Lifecycle
 from .open_roots import OpenRoots
 from .retry import Health
 from .stats import DropLog
 
 if TYPE_CHECKING:
-    from .._capture.spans import Span
     from .._config import Config
     from .spool import Spool
 
@@ -53,30 +53,27 @@ ON_LOOP_END: list[LoopHook] = []
 
 
 class Flusher:
-    """One buffer, its flusher task(s), and the exporter they hand batches to."""
-
-    spool: Spool | None = None  # where what cannot be sent goes (see .spool)
-    _longest_wait = float("inf")  # of a backoff wait (durable spool: the flush interval)
+    """One buffer, the flushers (:class:`~.homes.Homes`) that drain it, and the exporter they
+    hand batches to. Made by a :class:`~.pipeline.Pipeline`, which owns the lifecycle and
+    offers what callers use (flush, backpressure, shutdown, statistics)."""
 
     def __init__(
-        self, cfg: Config, exporter: Exporter, retry_policy: RetryPolicy | None = None
+        self,
+        cfg: Config,
+        exporter: Exporter,
+        health: Health,
+        lifecycle: Lifecycle,
+        spool: Callable[[Flusher], Spool] | None = None,
     ) -> None:
         self.cfg = cfg
         self.exporter = exporter
-        self.health = Health(
-            retry_policy or RetryPolicy(budget=cfg.retry_budget),
-            cfg.endpoint or f"the local store {cfg.store_path}",
-        )
-        self._lock = threading.Lock()
-        self._homes: list[Home] = []
-        self._home: Home | None = None  # the one producers kick
-        self._dead_loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+        self.health = health
+        self.lifecycle = lifecycle
+        self._lock = threading.Lock()  # the waiters
         self._waiters: list[Waiter] = []
-        self._closing: float | None = None  # monotonic deadline once shutdown began
-        self._closed = threading.Event()
-        self._drops = DropLog()
-        self._codec_loaded = False
-
+        self.drops = DropLog()
+        self.quiet = False  # the exit reports what was lost in one line of its own
+        self.codec_loaded = False
         # Until the codec is loaded (in a worker thread, by the first drain: importing it on the
         # caller's first span would stall it) spans are estimated at a fixed size.
         self.buffer = Buffer(
@@ -86,19 +83,24 @@ class Flusher:
             cfg.max_batch_bytes,
             None,
             self._on_crossing,
+            self._on_drop,
         )
-        self.buffer._on_drop = self._on_drop  # type: ignore[method-assign]
-        # The sink protocol, bound straight to the buffer: span.end() costs one call.
-        self.on_end: Callable[[Span], None] = self.buffer.push
-        self._roots = OpenRoots(cfg.in_progress_after, cfg.flush_interval)
-        self.on_start: Callable[[Span], None] = self._roots.add if cfg.sends_in_progress else ignore
+        self.homes = Homes(self._run_home, cfg.max_concurrent_requests)
+        self.roots = OpenRoots(cfg.in_progress_after, cfg.flush_interval)
+        # Where what cannot be sent goes (see .spool): made last, it reads the buffer.
+        self.spool: Spool | None = spool(self) if spool is not None else None
+        # The longest backoff wait: with a durable spool, pending spans are written at each
+        # flush interval, so the flusher looks that often.
+        self._longest_wait = (
+            cfg.flush_interval if self.spool is not None and cfg.spool_durable else float("inf")
+        )
 
     def __repr__(self) -> str:
-        return f"<looptrace {type(self).__name__} -> {self.exporter!r} queued={self.buffer.queued_spans}>"
+        return f"<looptrace Flusher -> {self.exporter!r} queued={self.buffer.queued_spans}>"
 
     # ------------------------------------------------------------------ the exporter's codec
-    async def _ensure_codec(self) -> None:
-        if self._codec_loaded:
+    async def ensure_codec(self) -> None:
+        if self.codec_loaded:
             return
         if self.exporter.loaded_cheaply():
             # configure() did the slow part (imports, the redaction patterns): the rest takes
@@ -109,120 +111,29 @@ class Flusher:
             # Imports and the patterns take tens of milliseconds: off the loop, while the
             # first batch gathers.
             await off_loop(self.exporter.load)
-        self.buffer._estimate = self.exporter.estimate
-        self._codec_loaded = True
+        self.buffer.use_estimate(self.exporter.estimate)
+        self.codec_loaded = True
 
     # ------------------------------------------------------------------ homes
     def _on_crossing(self) -> None:
         """A producer crossed a threshold (or there was no flusher): wake or start one."""
-        home = self._home
+        home = self.homes.primary
         if home is not None and home.alive():
             home.kick()
             return
         # A new flusher starts by letting a batch gather for one interval: no kick.
-        self._ensure_home()
-
-    def _ensure_home(self, prefer_thread: bool = False) -> Home:
-        with self._lock:
-            home = self._home
-            if home is not None and home.alive():
-                return home
-            if home is not None:
-                self._forget(home)
-            loop = None if prefer_thread else running_asyncio_loop()
-            if loop is not None and loop in self._dead_loops:
-                loop = None
-            home = self._start_on_loop(loop) if loop is not None else self._start_thread()
-            self._home = home
-            return home
-
-    def _thread_home(self) -> Home:
-        """A live private-thread flusher (started if needed), without changing the primary."""
-        with self._lock:
-            for home in self._homes:
-                if home.private and home.alive():
-                    return home
-            home = self._start_thread()
-            if self._home is None or not self._home.alive():
-                self._home = home
-            return home
-
-    def _forget(self, home: Home) -> None:
-        if home in self._homes:
-            self._homes.remove(home)
-        if self._home is home:
-            self._home = None
-
-    def _start_on_loop(self, loop: asyncio.AbstractEventLoop) -> Home:
-        home = Home(private=False)
-        home.loop = loop
-        home.thread_id = threading.get_ident()
-        home.event = asyncio.Event()
-        home.slots = asyncio.Semaphore(self.cfg.max_concurrent_requests)
-        coro = self._run_home(home)
-        if sys.version_info >= (3, 11):
-            # An empty context: the flusher must not inherit the span that happened to end first.
-            home.task = loop.create_task(
-                coro, name="looptrace-flusher", context=contextvars.Context()
-            )
-        else:  # pragma: no cover
-            home.task = loop.create_task(coro, name="looptrace-flusher")
-        self._homes.append(home)
-        return home
-
-    def _start_thread(self) -> Home:
-        home = Home(private=True)
-        self._homes.append(home)
-        thread = threading.Thread(
-            target=self._thread_main, args=(home,), name="looptrace-flusher", daemon=True
-        )
-        try:
-            thread.start()
-        except RuntimeError:
-            # "can't create new thread at interpreter shutdown": the caller drains inline.
-            home.done.set()
-            self._homes.remove(home)
-        return home
-
-    def _thread_main(self, home: Home) -> None:
-        loop = PrivateLoop()
-        try:
-            home.loop = loop
-            home.thread_id = threading.get_ident()
-
-            async def main() -> None:
-                home.event = asyncio.Event()
-                home.slots = asyncio.Semaphore(self.cfg.max_concurrent_requests)
-                home.task = asyncio.current_task()
-                await self._run_home(home)
-
-            contextvars.Context().run(loop.run_until_complete, main())
-        except BaseException as exc:  # pragma: no cover - the thread must never die noisily
-            if not isinstance(exc, asyncio.CancelledError):
-                report_internal("pipeline.thread", exc)
-        finally:
-            try:
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                # Starts a thread to join the executor's: refused at interpreter exit.
-                with contextlib.suppress(RuntimeError):
-                    loop.run_until_complete(loop.shutdown_default_executor())
-            finally:
-                loop.close()
-                home.done.set()
+        self.homes.ensure()
 
     async def _run_home(self, home: Home) -> None:
         with suppress_tracing():
             try:
-                await self._ensure_codec()
+                await self.ensure_codec()
                 await self._flusher_loop(home)
             except asyncio.CancelledError:
                 if not home.stopping and home.loop is not None:
                     # The application's loop is going away (asyncio.run ending): never start a
                     # flusher on it again; what it held goes to the private thread.
-                    try:
-                        self._dead_loops.add(home.loop)
-                    except TypeError:  # pragma: no cover - a loop without weakref support
-                        pass
+                    self.homes.loop_went_away(home.loop)
                     for hook in ON_LOOP_END:
                         hook(self.cfg, home.loop)
                 raise
@@ -246,23 +157,42 @@ class Flusher:
                 await asyncio.wait_for(session.aclose(), 1.0)
             except (Exception, asyncio.CancelledError):
                 pass
-        with self._lock:
-            self._forget(home)
-            others = [h for h in self._homes if h.alive()]
+        others = self.homes.forget(home)
         home.done.set()
-        if self._closing is not None:
+        if self.lifecycle.closing:
             if not others:
-                self._finish_close()
+                self.close_down()
         elif not home.stopping and not self.buffer.idle():
-            self._ensure_home(prefer_thread=True).kick(urgent=home.urgent)
+            self.homes.ensure(prefer_thread=True).kick(urgent=home.urgent)
         elif not others:
             # Nobody flushes now: the next span starts a flusher wherever it ends.
             self.buffer.force_slow_path()
-        self._notify()
+        self.notify()
 
-    def _finish_close(self) -> None:
-        """The last flusher of a closing pipeline has stopped (see :class:`.pipeline.Pipeline`)."""
-        raise NotImplementedError
+    def close_down(self) -> None:
+        """The last flusher has stopped, or the deadline passed: what is still held goes to
+        the spool or is dropped, counted and said once; the buffer takes no span any more."""
+        if not self.lifecycle.close():
+            return
+        if self.spool is not None:
+            self.spool.close()  # what is still held goes to the spool
+        self.buffer.close()
+        pending = self.buffer.drop_pending("shutdown")
+        in_flight = self.buffer.drop_in_flight("shutdown")
+        self.drops.close()
+        self.exporter.shutdown()
+        if (pending or in_flight) and not self.quiet:
+            logger.warning(
+                "looptrace: shutdown deadline passed with %d span(s) unsent to %s (%d queued, "
+                "%d in flight); last error: %s",
+                pending + in_flight,
+                self.health.where,
+                pending,
+                in_flight,
+                self.health.last_error or "none",
+            )
+        self.lifecycle.closed_down()
+        self.notify()
 
     # ------------------------------------------------------------------ the flusher
     async def _flusher_loop(self, home: Home) -> None:
@@ -270,13 +200,14 @@ class Flusher:
         event = home.event
         interval = self.cfg.flush_interval
         tracking = self.cfg.sends_in_progress
+        health = self.health
         while True:
-            closing = self._closing is not None
+            closing = self.lifecycle.closing
             if closing:
                 if self.buffer.idle():
                     return  # _wind_down collects the sender tasks that are finishing
                 home.urgent = True
-            idle = not self.buffer.has_pending() and not (tracking and self._roots)
+            idle = not self.buffer.has_pending() and not (tracking and self.roots)
             pending = self.buffer.arm(first_span=idle)
             if home.urgent and pending:
                 pass  # a flush or shutdown is waiting: drain now
@@ -291,13 +222,18 @@ class Flusher:
                     await wait_event(event, interval)  # let a batch gather
             else:
                 timeout = interval
-                if tracking and self._roots:
-                    timeout = min(timeout, self._roots.due_in())
+                if tracking and self.roots:
+                    timeout = min(timeout, self.roots.due_in())
+                backoff = health.retry_at - time.monotonic()
+                if backoff > 0:
+                    # A retry falls due before the batch would have gathered: it goes at its
+                    # time (a server's Retry-After to the millisecond), not at the interval's.
+                    timeout = min(timeout, backoff)
                 await wait_event(event, timeout)
             event.clear()
-            now = time.monotonic()
-            if self.health.retry_at > now:
-                await wait_event(event, min(self.health.retry_at - now, self._longest_wait))
+            backoff = health.retry_at - time.monotonic()
+            if backoff > 0:
+                await wait_event(event, min(backoff, self._longest_wait))
                 event.clear()
             home.urgent = False
             await self._drain(home)
@@ -308,8 +244,8 @@ class Flusher:
         slots, cfg = home.slots, self.cfg
         if self.spool is not None:
             await self.spool.relieve()
-        if self._roots and cfg.sends_in_progress:
-            records = self._roots.batch(self.exporter, self.buffer)
+        if self.roots and cfg.sends_in_progress:
+            records = self.roots.batch(self.exporter, self.buffer)
             if records is not None:
                 home.sending.add(records)
                 await slots.acquire()
@@ -334,7 +270,7 @@ class Flusher:
                 self._spawn(home, batch)  # encoded: a send that failed, or one never begun
                 continue
             try:
-                parts = await self._encode(batch)
+                parts = await self.encode(batch)
             except BaseException:
                 slots.release()
                 self.buffer.returned(batch)
@@ -353,7 +289,7 @@ class Flusher:
         home.senders.add(task)
         task.add_done_callback(home.senders.discard)
 
-    async def _encode(self, batch: Batch) -> list[Batch]:
+    async def encode(self, batch: Batch) -> list[Batch]:
         """The exporter encodes each span (in ~1 ms slices); split by exact size."""
         spans = batch.spans or []
         batch.spans = None
@@ -409,14 +345,14 @@ class Flusher:
         finally:
             home.sending.discard(batch)
             home.slots.release()  # a drain waiting for a slot goes on by itself
-            if home.event is not None and (wake or self._closing is not None):
+            if home.event is not None and (wake or self.lifecycle.closing):
                 # A batch came back, the backend's health changed, a worker sent the span, or
                 # a shutdown waits for the last answer. The success of a batch this loop sent
                 # wakes nobody: were it to start a drain, the spans that ended meanwhile would
                 # go out one or two to a request, each answer starting the next drain, and
                 # never gather into a batch.
                 home.event.set()
-            self._notify()
+            self.notify()
 
     async def _send_once(self, home: Home, batch: Batch) -> bool:
         if home.session is None:
@@ -460,6 +396,12 @@ class Flusher:
             self.buffer.returned(batch)
         elif self.spool is None or not self.spool.store(batch, given_up):
             self.buffer.drop(batch, given_up)
+        if not self.lifecycle.running and self.spool is not None:
+            # A first failure during shutdown: no backoff, and no wait for a batch to gather:
+            # what is held goes to the spool now.
+            self.health.closing()
+            for home in self.homes.alive():
+                home.kick(urgent=True)
 
     def _rejected(self, batch: Batch, outcome: Outcome) -> None:
         if self.health.rejected(outcome):
@@ -473,7 +415,18 @@ class Flusher:
         self.buffer.drop(batch, "rejected")
 
     # ------------------------------------------------------------------ waiting and notifying
-    def _notify(self) -> None:
+    def add_waiter(self, waiter: Waiter) -> None:
+        with self._lock:
+            self._waiters.append(waiter)
+        self.notify()
+
+    def remove_waiter(self, waiter: Waiter) -> None:
+        with self._lock:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def notify(self) -> None:
+        """Wake the waiters whose spans are resolved, or whose backpressure has eased."""
         if not self._waiters:
             return
         mark = self.buffer.watermark()
@@ -490,9 +443,5 @@ class Flusher:
             w.fire()
 
     def _on_drop(self, reason: str, count: int) -> None:
-        self._drops.dropped(reason, count)
-        self._notify()
-
-
-def ignore(span: Span) -> None:
-    pass
+        self.drops.dropped(reason, count)
+        self.notify()

@@ -1,17 +1,32 @@
 """Where a flusher runs: a :class:`Home` is a task on an asyncio loop (the application's, or a
-private one in a daemon thread); a :class:`Waiter` is someone waiting in ``flush()`` or
-``backpressure()``, on a loop or in a thread."""
+private one in a daemon thread), and :class:`Homes` the set of them a flusher has, with the one
+producers kick; a :class:`Waiter` is someone waiting in ``flush()`` or ``backpressure()``, on a
+loop or in a thread."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
+import sys
 import threading
+import weakref
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-from .buffer import Batch
+from .._errors import report_internal
+from .batch import Batch
 from .exporter import Session
 
-__all__ = ["Home", "PrivateLoop", "Waiter", "running_asyncio_loop", "wait_event", "wait_future"]
+__all__ = [
+    "Home",
+    "Homes",
+    "PrivateLoop",
+    "Waiter",
+    "running_asyncio_loop",
+    "wait_event",
+    "wait_future",
+]
 
 
 class PrivateLoop(asyncio.SelectorEventLoop):
@@ -121,6 +136,148 @@ class Home:
                 loop.call_soon_threadsafe(task.cancel)
         except RuntimeError:  # its loop was closed with the task still pending
             pass
+
+
+class Homes:
+    """A flusher's homes: where each runs, which one producers kick (``primary``), and the
+    application loops that went away under one (never used again). ``run(home)`` is the
+    flusher's own coroutine; it calls :meth:`forget` as it winds down."""
+
+    def __init__(self, run: Callable[[Home], Coroutine[Any, Any, None]], slots: int) -> None:
+        self._run = run
+        self._slots = slots
+        self.lock = threading.Lock()
+        self.all: list[Home] = []
+        self.primary: Home | None = None
+        self._dead_loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+    def alive(self) -> list[Home]:
+        with self.lock:
+            return [h for h in self.all if h.alive()]
+
+    def ensure(self, prefer_thread: bool = False) -> Home:
+        """The live primary home, started if needed: on the running asyncio loop (unless one
+        that went away under a flusher), else in a private thread."""
+        with self.lock:
+            home = self.primary
+            if home is not None and home.alive():
+                return home
+            if home is not None:
+                self._forget(home)
+            loop = None if prefer_thread else running_asyncio_loop()
+            if loop is not None and loop in self._dead_loops:
+                loop = None
+            home = self._start_on_loop(loop) if loop is not None else self._start_thread()
+            self.primary = home
+            return home
+
+    def kick(self, urgent: bool) -> Home:
+        """Wake the primary home (started if needed)."""
+        home = self.primary
+        if home is None or not home.alive():
+            home = self.ensure()
+        home.kick(urgent)
+        return home
+
+    def thread_home(self) -> Home:
+        """A live private-thread home (started if needed), without changing the primary unless
+        there is none."""
+        with self.lock:
+            for home in self.all:
+                if home.private and home.alive():
+                    return home
+            home = self._start_thread()
+            if self.primary is None or not self.primary.alive():
+                self.primary = home
+            return home
+
+    def adopt(self, home: Home) -> None:
+        """Count a home started by someone else (an inline drain's)."""
+        with self.lock:
+            self.all.append(home)
+
+    def forget(self, home: Home) -> list[Home]:
+        """``home`` has stopped; the homes still alive."""
+        with self.lock:
+            self._forget(home)
+            return [h for h in self.all if h.alive()]
+
+    def _forget(self, home: Home) -> None:
+        if home in self.all:
+            self.all.remove(home)
+        if self.primary is home:
+            self.primary = None
+
+    def loop_went_away(self, loop: asyncio.AbstractEventLoop) -> None:
+        """An application's loop cancelled its flusher (``asyncio.run`` ending): never start
+        one on it again."""
+        try:
+            self._dead_loops.add(loop)
+        except TypeError:  # pragma: no cover - a loop without weakref support
+            pass
+
+    def cancel_all(self) -> None:
+        with self.lock:
+            homes = list(self.all)
+        for home in homes:
+            home.cancel()
+
+    def _start_on_loop(self, loop: asyncio.AbstractEventLoop) -> Home:
+        home = Home(private=False)
+        home.loop = loop
+        home.thread_id = threading.get_ident()
+        home.event = asyncio.Event()
+        home.slots = asyncio.Semaphore(self._slots)
+        coro = self._run(home)
+        if sys.version_info >= (3, 11):
+            # An empty context: the flusher must not inherit the span that happened to end first.
+            home.task = loop.create_task(
+                coro, name="looptrace-flusher", context=contextvars.Context()
+            )
+        else:  # pragma: no cover
+            home.task = loop.create_task(coro, name="looptrace-flusher")
+        self.all.append(home)
+        return home
+
+    def _start_thread(self) -> Home:
+        home = Home(private=True)
+        self.all.append(home)
+        thread = threading.Thread(
+            target=self._thread_main, args=(home,), name="looptrace-flusher", daemon=True
+        )
+        try:
+            thread.start()
+        except RuntimeError:
+            # "can't create new thread at interpreter shutdown": the caller drains inline.
+            home.done.set()
+            self.all.remove(home)
+        return home
+
+    def _thread_main(self, home: Home) -> None:
+        loop = PrivateLoop()
+        try:
+            home.loop = loop
+            home.thread_id = threading.get_ident()
+
+            async def main() -> None:
+                home.event = asyncio.Event()
+                home.slots = asyncio.Semaphore(self._slots)
+                home.task = asyncio.current_task()
+                await self._run(home)
+
+            contextvars.Context().run(loop.run_until_complete, main())
+        except BaseException as exc:  # pragma: no cover - the thread must never die noisily
+            if not isinstance(exc, asyncio.CancelledError):
+                report_internal("pipeline.thread", exc)
+        finally:
+            try:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                # Starts a thread to join the executor's: refused at interpreter exit.
+                with contextlib.suppress(RuntimeError):
+                    loop.run_until_complete(loop.shutdown_default_executor())
+            finally:
+                loop.close()
+                home.done.set()
 
 
 async def wait_event(event: asyncio.Event, timeout: float) -> None:

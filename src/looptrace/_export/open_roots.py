@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from .. import _clock
 from .._errors import report_internal
-from .buffer import Batch
+from .batch import Batch
 
 if TYPE_CHECKING:
     from .._capture.spans import Span

@@ -18,14 +18,17 @@ from typing import TYPE_CHECKING
 
 from .. import _errors
 from .._transport import RetryPolicy, Transport, off_loop
-from .buffer import Batch
 from .exporter import Exporter
-from .flusher import Flusher, ignore
+from .flusher import Flusher
 from .homes import Home, Waiter, running_asyncio_loop, wait_future
+from .lifecycle import Lifecycle
+from .retry import Health
 from .stats import FlushResult, SpoolStatistics, Statistics
 
 if TYPE_CHECKING:
+    from .._capture.spans import Span
     from .._config import Config
+    from .spool import Spool
 
 __all__ = ["Pipeline", "default_exporter"]
 
@@ -46,8 +49,12 @@ def default_exporter(
     return OtlpHttpExporter(cfg, transport_factory)
 
 
-class Pipeline(Flusher):
-    """The buffer, its flushers and their exporter, installed as ``_state.sink``."""
+class Pipeline:
+    """A flusher over its exporter, and the lifecycle they share: the sink capture hands
+    spans to (``_state.sink``), and what ``looptrace.flush``/``shutdown``/``statistics`` act on.
+
+    ``on_end`` is the flusher's ``Buffer.push`` itself (span.end() costs one call); once the
+    pipeline is closed, the buffer counts a span pushed to it as dropped (``shutdown``)."""
 
     def __init__(
         self,
@@ -56,40 +63,42 @@ class Pipeline(Flusher):
         retry_policy: RetryPolicy | None = None,
         exporter: Exporter | None = None,
     ) -> None:
-        super().__init__(cfg, exporter or default_exporter(cfg, transport_factory), retry_policy)
-        self._quiet = False  # the exit reports what was lost in one line of its own
-        self.shutting_down = False  # shutdown began: a backend that fails is not waited for
+        self.cfg = cfg
+        self.exporter = exporter or default_exporter(cfg, transport_factory)
+        self.health = Health(
+            retry_policy or RetryPolicy(budget=cfg.retry_budget),
+            cfg.endpoint or f"the local store {cfg.store_path}",
+        )
+        self.lifecycle = Lifecycle()
+        self.flusher = Flusher(
+            cfg, self.exporter, self.health, self.lifecycle, self._spool_factory()
+        )
+        self.buffer = self.flusher.buffer
+        self.spool = self.flusher.spool
+        self.on_end: Callable[[Span], None] = self.buffer.push
+        self.on_start: Callable[[Span], None] = (
+            self.flusher.roots.add if cfg.sends_in_progress else _ignore
+        )
+
+    def __repr__(self) -> str:
+        return f"<looptrace Pipeline -> {self.exporter!r} {self.lifecycle.state.value} queued={self.buffer.queued_spans}>"
+
+    def _spool_factory(self) -> Callable[[Flusher], Spool] | None:
         # Only OTLP endpoints have a spool: the local store is on this machine's disk already.
         # (An OTLP exporter means its module is loaded: the store's pipeline never imports it.)
+        cfg = self.cfg
         otlp = sys.modules.get(f"{__package__}.otlp_http")
-        if (
+        if not (
             cfg.spool
             and cfg.endpoint is not None
             and otlp is not None
             and isinstance(self.exporter, otlp.OtlpHttpExporter)
         ):
-            from .spool import Spool
+            return None
+        from .spool import Spool
 
-            self.spool = Spool(cfg, self.exporter, self)
-            if cfg.spool_durable:
-                # A backoff never holds pending spans in memory longer than a flush interval.
-                self._longest_wait = cfg.flush_interval
-
-    def _failed(self, batch: Batch, error: str, retry_after: float | None) -> None:
-        super()._failed(batch, error, retry_after)
-        if self.shutting_down and self.spool is not None:
-            # A first failure during shutdown: no backoff, and no wait for a batch to gather:
-            # what is held goes to the spool now.
-            self.health.closing()
-            for home in list(self._homes):
-                home.kick(urgent=True)
-
-    def _kick(self, urgent: bool) -> Home:
-        home = self._home
-        if home is None or not home.alive():
-            home = self._ensure_home()
-        home.kick(urgent)
-        return home
+        exporter = self.exporter
+        return lambda flusher: Spool(cfg, exporter, flusher)
 
     def _counters(self) -> tuple[int, dict[str, int], int, int]:
         replayed = self.spool.replayed if self.spool is not None else 0
@@ -121,15 +130,15 @@ class Pipeline(Flusher):
         target = self.buffer.flush_target()
         if self.buffer.watermark() < target:
             waiter = Waiter(target, loop, loop.create_future())
-            self._add_waiter(waiter)
-            home = self._kick(urgent=True)
+            self.flusher.add_waiter(waiter)
+            home = self.flusher.homes.kick(urgent=True)
             if home.loop is not loop and home.loop is not None and not home.loop.is_running():
-                self._thread_home().kick(urgent=True)
+                self.flusher.homes.thread_home().kick(urgent=True)
             assert waiter.future is not None
             try:
                 await wait_future(waiter.future, timeout)
             finally:
-                self._remove_waiter(waiter)
+                self.flusher.remove_waiter(waiter)
         return self._result(before, target)
 
     def flush_sync(self, timeout: float | None = None) -> FlushResult:
@@ -144,9 +153,10 @@ class Pipeline(Flusher):
         if self.buffer.watermark() >= target:
             return self._result(before, target)
         waiter = Waiter(target)
-        self._add_waiter(waiter)
+        self.flusher.add_waiter(waiter)
         try:
-            home = self._home
+            homes = self.flusher.homes
+            home = homes.primary
             if (
                 home is None
                 or not home.alive()
@@ -158,7 +168,7 @@ class Pipeline(Flusher):
                     # Send them again from the private thread (a duplicate at worst).
                     for batch in list(home.sending):
                         self.buffer.returned(batch)
-                home = self._thread_home()
+                home = homes.thread_home()
             if home.done.is_set():  # no thread could be started (interpreter shutdown)
                 self._drain_inline(waiter, timeout)
             else:
@@ -166,7 +176,7 @@ class Pipeline(Flusher):
                 assert waiter.event is not None
                 waiter.event.wait(timeout)
         finally:
-            self._remove_waiter(waiter)
+            self.flusher.remove_waiter(waiter)
         return self._result(before, target)
 
     def _drain_inline(self, waiter: Waiter, timeout: float | None) -> None:
@@ -183,10 +193,9 @@ class Pipeline(Flusher):
             home.task = asyncio.current_task()
             home.urgent = True
             home.stopping = True
-            with self._lock:
-                self._homes.append(home)
+            self.flusher.homes.adopt(home)
             assert waiter.event is not None
-            runner = asyncio.ensure_future(self._run_home(home))
+            runner = asyncio.ensure_future(self.flusher._run_home(home))
             try:
                 while not waiter.event.is_set() and not runner.done():
                     await asyncio.sleep(0.005)
@@ -199,16 +208,6 @@ class Pipeline(Flusher):
         except (asyncio.TimeoutError, RuntimeError):
             pass
 
-    def _add_waiter(self, waiter: Waiter) -> None:
-        with self._lock:
-            self._waiters.append(waiter)
-        self._notify()
-
-    def _remove_waiter(self, waiter: Waiter) -> None:
-        with self._lock:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
-
     async def backpressure(self) -> None:
         """Wait while the bytes pending plus in flight exceed ``cfg.backpressure_bytes``."""
         limit = self.cfg.backpressure_bytes
@@ -219,99 +218,68 @@ class Pipeline(Flusher):
             import anyio
 
             while self.buffer.outstanding_bytes > limit:
-                self._kick(urgent=True)
+                self.flusher.homes.kick(urgent=True)
                 await anyio.sleep(self.cfg.flush_interval / 4)
             return
         while self.buffer.outstanding_bytes > limit:
             waiter = Waiter(-1, loop, loop.create_future())
-            self._add_waiter(waiter)
-            self._kick(urgent=True)
+            self.flusher.add_waiter(waiter)
+            self.flusher.homes.kick(urgent=True)
             assert waiter.future is not None
             try:
                 # The timeout only guards against a lost wake-up; the waiter normally fires.
                 await wait_future(waiter.future, self.cfg.flush_interval)
             finally:
-                self._remove_waiter(waiter)
+                self.flusher.remove_waiter(waiter)
 
     # ------------------------------------------------------------------ shutdown
     def _begin_close(self, deadline: float) -> list[Home]:
-        with self._lock:
-            if self._closing is None or deadline < self._closing:
-                self._closing = deadline
-            homes = [h for h in self._homes if h.alive()]
+        self.lifecycle.begin_close(deadline)
+        homes = self.flusher.homes.alive()
         if not homes:
             if self.buffer.idle():
-                self._finish_close()
+                self.flusher.close_down()
                 return []
-            homes = [self._thread_home()]
+            homes = [self.flusher.homes.thread_home()]
         for home in homes:
             home.kick(urgent=True)
         return homes
 
-    def _stop_homes(self) -> None:
-        with self._lock:
-            homes = list(self._homes)
-        for home in homes:
-            home.cancel()
-
-    def _finish_close(self) -> None:
-        """Everything still held is dropped now; say so once."""
-        if self._closed.is_set():
-            return
-        if self.spool is not None:
-            self.spool.close()  # what is still held goes to the spool
-        pending = self.buffer.drop_pending("shutdown")
-        in_flight = self.buffer.drop_in_flight("shutdown")
-        self._closed.set()
-        self._drops.close()
-        self.exporter.shutdown()
-        self.on_end = ignore
-        self.on_start = ignore
-        if (pending or in_flight) and not self._quiet:
-            logger.warning(
-                "looptrace: shutdown deadline passed with %d span(s) unsent to %s (%d queued, "
-                "%d in flight); last error: %s",
-                pending + in_flight,
-                self.health.where,
-                pending,
-                in_flight,
-                self.last_error or "none",
-            )
-        self._notify()
+    def _stop(self, quiet: bool) -> None:
+        if quiet:
+            # The exit says what is lost in one line of its own: no drop log, no deadline line.
+            self.flusher.quiet = True
+            self.flusher.drops.mute()
+        self.lifecycle.stop()
+        self.health.closing()
 
     def shutdown_sync(self, timeout: float | None = None, quiet: bool = False) -> FlushResult:
         """Send what is held, within ``timeout`` (default cfg.shutdown_timeout), then stop.
         ``quiet``: log nothing about what is lost (the caller reports the result itself)."""
-        if quiet:
-            self._quiet = True
-            self._drops.mute()
-        self.shutting_down = True
-        self.health.closing()
+        self._stop(quiet)
         timeout = self.cfg.shutdown_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         before = self._counters()
         target = self.buffer.flush_target()
-        result_wait = self.flush_sync(timeout)
-        del result_wait
+        self.flush_sync(timeout)
         homes = self._begin_close(deadline)
-        self._stop_homes()
+        self.flusher.homes.cancel_all()
         for home in homes:
             if home.thread_id != threading.get_ident():
                 home.done.wait(max(0.0, deadline - time.monotonic()) + 0.5)
-        self._finish_close()
+        self.flusher.close_down()
         return self._result(before, target)
 
     async def shutdown(self, timeout: float | None = None) -> FlushResult:
         """Async twin of :meth:`shutdown_sync`; never blocks the loop."""
-        self.shutting_down = True
-        self.health.closing()
+        self._stop(quiet=False)
         timeout = self.cfg.shutdown_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         before = self._counters()
         target = self.buffer.flush_target()
         await self.flush(timeout)
         homes = self._begin_close(deadline)
-        self._stop_homes()
+        self.flusher.homes.cancel_all()
         loop = running_asyncio_loop()
         for home in homes:
             left = max(0.0, deadline - time.monotonic()) + 0.5
@@ -322,7 +290,7 @@ class Pipeline(Flusher):
         if self.spool is not None:
             # What is still held is encoded and written to the spool off the loop.
             await off_loop(self.spool.close)
-        self._finish_close()
+        self.flusher.close_down()
         return self._result(before, target)
 
     def close_soon(self) -> None:
@@ -387,3 +355,7 @@ class Pipeline(Flusher):
             replayed=spool.replayed,
             dropped=spool.dropped(),
         )
+
+
+def _ignore(span: Span) -> None:
+    pass
