@@ -38,12 +38,46 @@ DEFAULT_REDACT_KEYS: tuple[str, ...] = (
 )
 
 
+def _homes() -> tuple[str | None, str | None, str | None]:
+    """The variables that say where ``~`` and the default store are."""
+    env = os.environ
+    return (env.get("XDG_DATA_HOME"), env.get("HOME"), env.get("USERPROFILE"))
+
+
 def default_store_path() -> Path:
     """Where the local store lives when ``LOOPTRACE_STORE`` is not set."""
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(
-        os.path.expanduser("~"), ".local", "share"
-    )
-    return Path(base) / "looptrace" / "traces.db"
+    where = _homes()
+    path = _store_paths.get(where)
+    if path is None:
+        # Joining and expanding costs more than the three lookups: done once per home.
+        base = where[0] or os.path.join(os.path.expanduser("~"), ".local", "share")
+        if len(_store_paths) > 16:
+            _store_paths.clear()
+        path = _store_paths[where] = Path(base) / "looptrace" / "traces.db"
+    return path
+
+
+_store_paths: dict[tuple[str | None, ...], Path] = {}
+
+# What ``Config.from_env()`` returned last, with the class and the variables it read.
+_last_read: tuple[type, tuple[dict[str, str], tuple[str | None, ...]], Config] | None = None
+
+# Every variable ``Config.from_env`` reads starts with one of these.
+_ENV_PREFIXES = ("LOOPTRACE_", "OTEL_", "SSL_CERT_")
+
+
+def _environ() -> dict[str, str]:
+    """The variables ``Config.from_env`` may read, found in one pass over the names: a lookup
+    per setting in ``os.environ`` encodes the name and raises KeyError inside for each absent
+    one, and about seventy such lookups made the settings cost hundreds of microseconds."""
+    env = os.environ
+    found = {}
+    for name in env:
+        if name.startswith(_ENV_PREFIXES):
+            value = env.get(name)
+            if value is not None:
+                found[name] = value
+    return found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +233,23 @@ class Config:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
         """Settings from ``LOOPTRACE_*`` (then ``OTEL_*``) variables, with ``overrides`` on top."""
-        env = os.environ if environ is None else environ
+        if environ is not None or overrides:
+            return cls._read(_environ() if environ is None else environ, overrides)
+        # The same variables give the same settings: the first traced call reads them again
+        # after ``@traced`` read them to prepare, and building a Config from them costs more
+        # than finding them. Where ``~`` and the default store point is part of the answer.
+        global _last_read
+        env = _environ()
+        key = (env, _homes())
+        last = _last_read
+        if last is not None and last[0] is cls and last[1] == key:
+            return last[2]
+        cfg = cls._read(env, overrides)
+        _last_read = (cls, key, cfg)
+        return cfg
+
+    @classmethod
+    def _read(cls, env: Mapping[str, str], overrides: Mapping[str, Any]) -> Config:
         values: dict[str, Any] = {}
 
         # Which variable each setting came from, so that an invalid value is reported under
