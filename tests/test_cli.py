@@ -216,10 +216,12 @@ def test_serve_says_how_to_install_the_server_extra(monkeypatch: pytest.MonkeyPa
 def test_demo_runs_end_to_end_on_a_fresh_store(tmp_path: Path) -> None:
     """`looptrace demo` on a store that does not exist yet: prints the summary and the next
     commands, and leaves an experiment with 8 cases (one failed, with its exception), nested
-    spans with loop lag, and lag summaries; it never imports the server extra; and the
-    `show` command it suggests works."""
+    spans with loop lag, and lag summaries, under the service `looptrace-demo`; it never
+    imports the server extra; and the `show` command it suggests works."""
     path = tmp_path / "fresh" / "demo.db"
     env = {**os.environ, "LOOPTRACE_STORE": str(path)}
+    for name in ("OTEL_SERVICE_NAME", "LOOPTRACE_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES"):
+        env.pop(name, None)
     script = (
         "import sys\n"
         "from looptrace.cli import main\n"
@@ -252,6 +254,8 @@ def test_demo_runs_end_to_end_on_a_fresh_store(tmp_path: Path) -> None:
         assert any(e["name"] == "exception" for s in spans for e in s["events"])
         assert all(s["lag_max_ms"] is not None for s in spans)
         assert store.lag_summaries()["summaries"]
+        # Under a service name of its own, so `looptrace prune --service` can clear it.
+        assert {t["service_name"] for t in store.list_traces(limit=100)} == {"looptrace-demo"}
     hint = re.search(r"looptrace(?:\.cli)? show ([0-9a-f]{12})", out)
     assert hint is not None
     shown = hint.group(1)
@@ -447,3 +451,249 @@ def test_traces_filters_by_user_session_tag_and_metadata(tmp_path: Path) -> None
     code, out = run(path, "traces", "--meta", "plan")
     assert code == 2
     assert "expected KEY=VALUE" in out
+
+
+def test_traces_filters_by_attribute_text_service_status_and_age(tmp_path: Path) -> None:
+    """`looptrace traces` takes --attr KEY=VALUE (repeatable), --search TEXT, --service,
+    --status and --since DURATION, each answered by the store and all combinable."""
+    path = tmp_path / "f.db"
+    hour = 3600 * 10**9
+
+    def at(trace: int, name: str, ago: int, service: str, **kw: object) -> DecodedSpan:
+        span = dspan(trace, 1, name=name, **kw)
+        span.start_ns -= ago
+        span.end_ns -= ago
+        span.resource = {"service.name": service}
+        return span
+
+    with Store(path) as store:
+        store.write(
+            [
+                at(0x61, "GET /search", 0, "api", attributes={"http.route": "/search"}),
+                at(0x62, "GET /items", 3 * hour, "api", attributes={"http.status_code": 503}),
+                at(0x63, "charge", 0, "billing", status=2, message="card declined"),
+            ]
+        )
+
+    def listed(*args: str) -> list[str]:
+        code, out = run(path, "traces", "--json", *args)
+        assert code == 0, out
+        return [t["name"] for t in json.loads(out)["traces"]]
+
+    assert listed("--attr", "http.route=/search") == ["GET /search"]
+    assert listed("--attr", "http.status_code=503") == ["GET /items"]
+    assert listed("--attr", "http.status_code=503", "--attr", "http.route=/search") == []
+    assert listed("--search", "declined") == ["charge"]
+    assert listed("--search", "get") == ["GET /search", "GET /items"]
+    assert listed("--search", "get", "--since", "2h") == ["GET /search"]
+    assert listed("--service", "billing") == ["charge"]
+    assert listed("--service", "api", "--status", "ok", "--since", "1h30m") == ["GET /search"]
+    assert listed("--status", "error") == ["charge"]
+    code, out = run(path, "traces", "--search", "nothing-like-it")
+    assert (code, out.strip()) == (0, "No traces match.")
+    for bad in (("--since", "2 hours"), ("--since", "h"), ("--attr", "novalue")):
+        code, out = run(path, "traces", *bad)
+        assert code == 2, (bad, out)
+
+
+def test_prune_by_age_service_and_experiment(tmp_path: Path) -> None:
+    """`looptrace prune` deletes what every given option matches and prints how much; a dry
+    run only counts; with no option at all it refuses (exit 2) and deletes nothing."""
+    path = tmp_path / "p.db"
+    day = 86_400 * 10**9
+
+    def at(trace: int, name: str, ago: int, service: str = "svc", **kw: object) -> DecodedSpan:
+        span = dspan(trace, 1, name=name, **kw)
+        span.start_ns -= ago
+        span.end_ns -= ago
+        span.resource = {"service.name": service}
+        return span
+
+    exp = {"looptrace.experiment.id": "f" * 32, "looptrace.experiment.name": "nightly"}
+    with Store(path) as store:
+        store.write(
+            [
+                at(0x71, "old", 10 * day),
+                at(0x72, "old-demo", 10 * day, "looptrace-demo"),
+                at(0x73, "new-demo", 0, "looptrace-demo"),
+                at(0x74, "case", 0, attributes={**exp, "looptrace.case.index": 0}),
+                at(0x75, "new", 0),
+            ]
+        )
+
+    def names() -> list[str]:
+        with Store(path) as store:
+            return sorted(t["name"] for t in store.list_traces())
+
+    code, out = run(path, "prune")
+    assert code == 2 and "needs --older-than" in out
+    assert len(names()) == 5
+    code, out = run(path, "prune", "--older-than", "7d", "--dry-run")
+    assert (code, out.strip()) == (0, "Would delete 2 traces (2 spans) older than 7d.")
+    assert len(names()) == 5
+    code, out = run(path, "prune", "--older-than", "7d", "--service", "looptrace-demo")
+    assert (code, out.strip()) == (
+        0,
+        "Deleted 1 traces (1 spans) older than 7d, of service 'looptrace-demo'.",
+    )
+    assert names() == ["case", "new", "new-demo", "old"]
+    code, out = run(path, "prune", "--experiment", "nightly", "--json")
+    assert code == 0
+    assert json.loads(out) == {"traces": 1, "spans": 1, "dry_run": False}
+    assert names() == ["new", "new-demo", "old"]
+    code, out = run(path, "prune", "--experiment", "nope")
+    assert code == 3
+    code, out = run(path, "prune", "--older-than", "1w")
+    assert code == 0 and out.startswith("Deleted 1 traces")
+    assert names() == ["new", "new-demo"]
+
+
+def test_delete_traces_and_experiments(tmp_path: Path) -> None:
+    """`looptrace delete ID...` deletes traces (short ids accepted); an unknown id is exit 3
+    and deletes nothing; `--experiment` deletes an experiment and its traces by id or name."""
+    path = tmp_path / "d.db"
+    exp = {"looptrace.experiment.id": "a" * 32, "looptrace.experiment.name": "qa"}
+    with Store(path) as store:
+        store.write(
+            [
+                dspan(0x81 << 120, 1, name="one"),
+                dspan(0x82 << 120, 1, name="two"),
+                dspan(0x83 << 120, 1, name="case", attributes={**exp, "looptrace.case.index": 0}),
+            ]
+        )
+
+    def names() -> list[str]:
+        with Store(path) as store:
+            return sorted(t["name"] for t in store.list_traces())
+
+    one, two = f"{0x81 << 120:032x}", f"{0x82 << 120:032x}"
+    code, out = run(path, "delete", one, "f" * 32)
+    assert code == 3 and "no trace" in out
+    assert names() == ["case", "one", "two"]
+    code, out = run(path, "delete", one[:6])
+    assert (code, out.strip()) == (0, f"Deleted trace {one}.")
+    assert names() == ["case", "two"]
+    code, out = run(path, "delete", "--experiment", "qa")
+    assert (code, out.strip()) == (0, f"Deleted experiment {'a' * 32} (1 traces).")
+    assert names() == ["two"]
+    with Store(path) as store:
+        assert store.list_experiments() == []
+    code, out = run(path, "delete")
+    assert code == 2
+    code, out = run(path, "delete", two, "--experiment", "qa")
+    assert code == 2
+    assert names() == ["two"]
+
+
+def _otlp_json(trace: int, spans: int, start_ns: int, service: str) -> bytes:
+    return json.dumps(
+        {
+            "resourceSpans": [
+                {
+                    "resource": {
+                        "attributes": [{"key": "service.name", "value": {"stringValue": service}}]
+                    },
+                    "scopeSpans": [
+                        {
+                            "scope": {"name": "feeder"},
+                            "spans": [
+                                {
+                                    "traceId": f"{trace:032x}",
+                                    "spanId": f"{i + 1:016x}",
+                                    "name": f"fed {i}",
+                                    "kind": 1,
+                                    "startTimeUnixNano": str(start_ns + i),
+                                    "endTimeUnixNano": str(start_ns + i + 1000),
+                                    "attributes": [
+                                        {"key": "feeder.n", "value": {"intValue": str(trace)}}
+                                    ],
+                                }
+                                for i in range(spans)
+                            ],
+                        }
+                    ],
+                }
+            ]
+        }
+    ).encode()
+
+
+def test_prune_while_the_collector_writes(tmp_path: Path) -> None:
+    """`looptrace prune` in its own process, on a store that a running `looptrace serve` is
+    being fed spans into: prune deletes every old trace, the collector answers every
+    request with 200 meanwhile, and every span it acknowledged is there afterwards."""
+    import threading
+
+    import httpx
+
+    from store_support import serve_subprocess
+
+    path = tmp_path / "busy.db"
+    old = time.time_ns() - 10 * 86_400 * 10**9
+    with Store(path) as store:
+        for batch in range(6):
+            store.write(
+                [
+                    decoded_span(0x10_0000 + batch * 500 + i, 1, None, "old", old, old + 1000)
+                    for i in range(500)
+                ]
+            )
+    sent: list[int] = []
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def feed(url: str) -> None:
+        with httpx.Client(timeout=60) as client:
+            trace = 0x20_0000
+            while not stop.is_set():
+                body = _otlp_json(trace, 20, time.time_ns(), "fed")
+                answer = client.post(
+                    f"{url}/v1/traces", content=body, headers={"content-type": "application/json"}
+                )
+                if answer.status_code != 200:
+                    failures.append(f"{answer.status_code} {answer.text}")
+                    return
+                sent.append(trace)
+                trace += 1
+
+    def wait_for_more(n: int) -> None:
+        deadline = time.monotonic() + 60
+        target = len(sent) + n
+        while len(sent) < target and not failures and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(sent) >= target, failures
+
+    with serve_subprocess(path) as (_, url):
+        feeder = threading.Thread(target=feed, args=(url,))
+        feeder.start()
+        try:
+            wait_for_more(5)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "looptrace.cli",
+                    "--store",
+                    str(path),
+                    "prune",
+                    "--json",
+                    "--older-than",
+                    "7d",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            wait_for_more(5)
+        finally:
+            stop.set()
+            feeder.join(60)
+    assert failures == []
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["traces"] == 3000
+    with Store(path) as store:
+        assert store.list_traces(limit=10, since_ns=0, until_ns=old + 1) == []
+        kept = {t["trace_id"] for t in store.list_traces(limit=10_000, service="fed")}
+        assert kept == {f"{t:032x}" for t in sent}
+        assert store.stats()["spans"] == 20 * len(sent)
+        assert store.list_traces(limit=1, attrs=[("feeder.n", str(sent[-1]))])

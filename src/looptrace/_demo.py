@@ -152,12 +152,21 @@ def _has_server_extra() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("starlette", "uvicorn"))
 
 
+DEMO_SERVICE = "looptrace-demo"
+
+
 def run_demo(store_path: Path, cases: int = 8, out: IO[str] | None = None) -> looptrace.Experiment:
     """Run the demo into the store at ``store_path``, print the experiment summary and how to
     look at the result; return the finished experiment."""
     out = out or sys.stdout
-    # The demo always writes to the local store, even when an endpoint is configured.
-    looptrace.configure(endpoint=None, store_path=store_path)
+    # The demo always writes to the local store, even when an endpoint is configured, and
+    # under a service name of its own (unless the user set one), so that its traces can be
+    # told apart from a project's and pruned: `looptrace prune --service looptrace-demo`.
+    overrides: dict[str, object] = {"endpoint": None, "store_path": store_path}
+    cfg = Config.from_env()
+    if cfg.service_name == "unknown_service" and not cfg.resource_attributes.get("service.name"):
+        overrides["service_name"] = DEMO_SERVICE
+    looptrace.configure(**overrides)
     try:
         exp = asyncio.run(_run(cases, out))
     finally:

@@ -74,6 +74,16 @@ class Retention(Connections):
                 raise
         return deleted
 
+    def experiment_ids_named(self, name: str) -> list[str]:
+        """The ids of the experiments (runs) called ``name``, oldest first."""
+        with self._reader() as conn:
+            return [
+                r[0]
+                for r in conn.execute(
+                    "SELECT id FROM experiments WHERE name = ? ORDER BY created_ns", (name,)
+                )
+            ]
+
     def prune_traces(
         self,
         *,

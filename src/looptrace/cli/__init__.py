@@ -6,7 +6,8 @@ unknown option, a configuration that is refused, such as a public address withou
 taken or the address is not this machine's).
 
 The group and its ``--store`` option are here; each command lives in a module of its own
-(``_demo``, ``_traces`` for ``traces``, ``show`` and ``sessions``, ``_experiments``, ``_serve``), on what
+(``_demo``, ``_traces`` for ``traces``, ``show`` and ``sessions``, ``_experiments``, ``_serve``,
+``_housekeeping`` for ``prune`` and ``delete``), on what
 they share (``_common``: exit codes, failing, the store) and the terminal formatting
 (``_format``).
 """
@@ -37,6 +38,7 @@ from ._format import _table as _table
 from ._format import fmt_duration as fmt_duration
 from ._format import fmt_time as fmt_time
 from ._format import render_tree as render_tree
+from ._housekeeping import delete, prune
 from ._serve import _viewer_routes as _viewer_routes
 from ._serve import serve
 from ._spool import spool
@@ -68,3 +70,5 @@ main.add_command(sessions)
 main.add_command(experiments)
 main.add_command(serve)
 main.add_command(spool)
+main.add_command(prune)
+main.add_command(delete)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -48,6 +49,45 @@ def _open_store(ctx: click.Context, must_exist: bool = True) -> Any:
     except Exception as exc:  # sqlite3.DatabaseError: not a database, unreadable...
         _fail(f"cannot open the store at {path}: {exc}")
     return store
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration such as ``30s``, ``15m``, ``2h``, ``7d``, ``2w`` or ``1h30m``
+    (ValueError otherwise)."""
+    raw = text.strip().lower()
+    parts = _DURATION.findall(raw)
+    if not raw or "".join(n + u for n, u in parts) != raw:
+        raise ValueError(
+            f"expected a duration such as 30m, 2h, 7d or 1h30m (units s, m, h, d, w), got {text!r}"
+        )
+    return sum(float(n) * _UNITS[u] for n, u in parts)
+
+
+def duration_option(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    """A click callback: the option's duration in seconds (None when not given)."""
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def key_value_option(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> list[tuple[str, str]]:
+    """A click callback: ``KEY=VALUE`` options as pairs, split at the first "="."""
+    out = []
+    for raw in values:
+        key, sep, value = raw.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {raw!r}")
+        out.append((key, value))
+    return out
 
 
 def _jsonable(value: Any) -> Any:

@@ -4,22 +4,22 @@ store, listed or one as a tree, and the sessions they belong to."""
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import click
 
-from ._common import _EPILOG, EXIT_NOT_FOUND, EXIT_USAGE, _dump_json, _fail, _open_store
+from ._common import (
+    _EPILOG,
+    EXIT_NOT_FOUND,
+    EXIT_USAGE,
+    _dump_json,
+    _fail,
+    _open_store,
+    duration_option,
+    key_value_option,
+)
 from ._format import _clip, _table, fmt_cost, fmt_duration, fmt_time, fmt_tokens, render_tree
-
-
-def _key_value(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> Any:
-    out = []
-    for raw in values:
-        key, sep, value = raw.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"expected KEY=VALUE, got {raw!r}")
-        out.append((key, value))
-    return out
 
 
 @click.command(epilog=_EPILOG)
@@ -28,9 +28,10 @@ def _key_value(ctx: click.Context, param: click.Parameter, values: tuple[str, ..
 @click.option("--name", default=None, help="Only traces whose root name contains this.")
 @click.option(
     "--status",
-    type=click.Choice(["ok", "error", "in_progress"]),
+    type=click.Choice(["ok", "error", "unset", "in_progress"]),
     default=None,
-    help="ok: nothing failed; error: the root or any span failed.",
+    help="ok: nothing failed; error: the root or any span failed; unset: nothing failed and "
+    "the root's status was never set; in_progress: still running.",
 )
 @click.option(
     "--lag", "include_lag", is_flag=True, help="Include the lag monitor's summary traces."
@@ -46,9 +47,34 @@ def _key_value(ctx: click.Context, param: click.Parameter, values: tuple[str, ..
     "metadata",
     multiple=True,
     metavar="KEY=VALUE",
-    callback=_key_value,
+    callback=key_value_option,
     help="Only traces whose metadata has KEY equal to VALUE (non-strings as JSON: n=3, "
     "ok=true); repeatable.",
+)
+@click.option(
+    "--attr",
+    "attrs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=key_value_option,
+    help="Only traces with a span whose attribute KEY equals VALUE (numbers and booleans as "
+    "JSON: http.status_code=503, retry=true); repeatable, all must match.",
+)
+@click.option(
+    "--search",
+    "text",
+    default=None,
+    metavar="TEXT",
+    help="Only traces in which every word of TEXT starts a word of a span's name, attribute "
+    "value, status or exception message (case-insensitive; payloads are not searched).",
+)
+@click.option("--service", default=None, help="Only traces whose root's service.name is this.")
+@click.option(
+    "--since",
+    default=None,
+    metavar="DURATION",
+    callback=duration_option,
+    help="Only traces that started within DURATION of now: 30m, 2h, 7d, 1h30m.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (the /api/traces shape).")
 @click.pass_context
@@ -63,11 +89,17 @@ def traces(
     session: str | None,
     tags: tuple[str, ...],
     metadata: list[tuple[str, str]],
+    attrs: list[tuple[str, str]],
+    text: str | None,
+    service: str | None,
+    since: float | None,
     include_lag: bool,
     as_json: bool,
 ) -> None:
     """List recent traces, newest first: name, start, duration, status, span count; and, when
-    the traces have them, LLM tokens and cost, scores, session and user."""
+    the traces have them, LLM tokens and cost, scores, session and user. Every filter given
+    must hold."""
+    since_ns = None if since is None else time.time_ns() - int(since * 1e9)
     store = _open_store(ctx)
     with store:
         rows = store.list_traces(
@@ -81,12 +113,28 @@ def traces(
             session=session,
             tags=tags,
             metadata=metadata,
+            attrs=attrs,
+            text=text,
+            service=service,
+            since_ns=since_ns,
         )
     if as_json:
         _dump_json({"traces": rows, "limit": limit, "offset": offset})
         return
     if not rows:
-        filtered = name or status or experiment or user or session or tags or metadata
+        filtered = (
+            name
+            or status
+            or experiment
+            or user
+            or session
+            or tags
+            or metadata
+            or attrs
+            or text
+            or service
+            or since is not None
+        )
         click.echo("No traces match." if filtered else "No traces yet.")
         return
     # Columns for what these traces carry, so a store without LLM calls or sessions reads as
