@@ -23,9 +23,10 @@ from typing import Any
 
 import pytest
 
-from looptrace.monitor import CAUSE_LOOPTRACE, _make_culprit, _own_work
+from looptrace.monitor import CAUSE_LOOPTRACE
 from looptrace.monitor._causes import _off_time
-from looptrace.monitor._frames import _LOOPTRACE_DIR, STARTUP
+from looptrace.monitor._culprits import _make_culprit
+from looptrace.monitor._frames import _LOOPTRACE_DIR, STARTUP, _own_work
 
 INI = (
     "[pytest]\n"

@@ -22,7 +22,10 @@ import looptrace
 from looptrace import _state, monitor
 from looptrace._config import Config
 from looptrace._semconv import LOOP_LAG_MAX_MS
-from looptrace.monitor import LagMonitor, LagSnapshot, _Histogram, active_monitor
+from looptrace.monitor import LagMonitor, LagSnapshot, _frames, _hook, _registry, active_monitor
+from looptrace.monitor._culprits import STALL_EVENT
+from looptrace.monitor._histogram import _Histogram
+from looptrace.monitor._summary import SUMMARY_SPAN
 from looptrace.testing import capture_spans
 
 ORIGINAL_RUN = asyncio.events.Handle.__dict__["_run"]
@@ -174,8 +177,8 @@ def test_monitor_across_several_asyncio_runs() -> None:
             assert asyncio.run(once(stop), debug=True).count >= 3
     assert (_state.start_hooks, _state.end_hooks) == hooks_before
     assert asyncio.events.Handle.__dict__["_run"] is ORIGINAL_RUN
-    assert not monitor._running
-    assert not monitor._watches
+    assert not _registry._running
+    assert not _hook._watches
     assert not [t for t in threading.enumerate() if t.name == "looptrace-lag-watchdog"]
 
 
@@ -226,7 +229,7 @@ async def test_time_sleep_in_a_coroutine_is_named() -> None:
 
     request = spans.by_name("request")
     assert request.events is not None
-    (event,) = [e for e in request.events if e.name == monitor.STALL_EVENT]
+    (event,) = [e for e in request.events if e.name == STALL_EVENT]
     assert event.attributes is not None
     assert event.attributes["code.function"] == "blocking_coroutine"
     assert event.attributes["code.lineno"] == c.lineno
@@ -244,7 +247,7 @@ async def test_stall_event_on_a_span_that_ends_inside_the_stalled_step() -> None
             await traced_blocker(0.12)
     span = spans.by_name("traced_blocker")
     assert span.events is not None
-    (event,) = [e for e in span.events if e.name == monitor.STALL_EVENT]
+    (event,) = [e for e in span.events if e.name == STALL_EVENT]
     assert event.attributes is not None
     assert event.attributes["code.lineno"] == line_of(traced_blocker, "<- traced stall")
     assert event.attributes["looptrace.loop.stall.duration_ms"] >= 50
@@ -283,12 +286,12 @@ def test_culprit_prefers_user_coroutines_over_library_ones() -> None:
         (stdlib_file, "to_thread", 25, True, True),
         (stdlib_file, "Thread.start", 969, False, True),
     ]
-    assert monitor._pick(frames)[1] == "handler"
-    assert monitor._pick(frames[1:])[1] == "to_thread"
-    assert monitor._pick([(__file__, "callback", 3, False, False)])[1] == "callback"
-    assert monitor._is_library(stdlib_file)
-    assert monitor._is_library(monitor.__file__)
-    assert not monitor._is_library(__file__)
+    assert _frames._pick(frames)[1] == "handler"
+    assert _frames._pick(frames[1:])[1] == "to_thread"
+    assert _frames._pick([(__file__, "callback", 3, False, False)])[1] == "callback"
+    assert _frames._is_library(stdlib_file)
+    assert _frames._is_library(monitor.__file__)
+    assert not _frames._is_library(__file__)
 
 
 async def test_stall_outside_any_span_is_logged(caplog: pytest.LogCaptureFixture) -> None:
@@ -365,8 +368,8 @@ async def test_overlapping_culprit_monitors_restore_handle_run_after_the_last() 
         thread.join(timeout=5)
         other.close()
     assert asyncio.events.Handle.__dict__["_run"] is ORIGINAL_RUN
-    assert monitor._original_run is ORIGINAL_RUN
-    assert not monitor._watches
+    assert _hook._original_run is ORIGINAL_RUN
+    assert not _hook._watches
     assert not [t for t in threading.enumerate() if t.name == "looptrace-lag-watchdog"]
 
 
@@ -434,7 +437,7 @@ async def test_periodic_summary_spans() -> None:
                 await wait_for(lambda: m._ticks >= 40)
             finally:
                 m.stop()
-    summaries = [s for s in spans if s.name == monitor.SUMMARY_SPAN]
+    summaries = [s for s in spans if s.name == SUMMARY_SPAN]
     assert summaries
     for s in summaries:
         assert s.parent_span_id == 0
@@ -508,7 +511,7 @@ async def test_a_stall_event_is_never_dated_before_its_span() -> None:
         with capture_spans() as spans:
             await stall_then_span(0.1)
     span = spans.by_name("late")
-    (event,) = [e for e in span.events or [] if e.name == monitor.STALL_EVENT]
+    (event,) = [e for e in span.events or [] if e.name == STALL_EVENT]
     assert span.start_ns <= event.time_ns <= span.end_ns
 
 

@@ -120,17 +120,24 @@ _ORIGIN = {
 _SUBMODULES = frozenset(("evals", "integrations", "monitor", "otel", "testing"))
 
 
+# Names whose modules send spans: loading one loads the export stage, wired to what sits above
+# it (``_wiring``).
+_WIRED = frozenset(("_capture.decorators", "_feedback", "_export", "_genai", "evals", "otel"))
+
+
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
+        if name in _WIRED:
+            importlib.import_module(f"{__name__}._wiring").wire()
         return importlib.import_module(f"{__name__}.{name}")
     module = _ORIGIN.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if module == "_capture.decorators" or module == "_feedback":
+    if module in _WIRED:
         # The wiring: capture never imports export, so the capture API brings the pipeline
         # with it here, and not with the first span (which may start on the user's event
         # loop: the export modules take a tenth of a second to import).
-        importlib.import_module(f"{__name__}._export")
+        importlib.import_module(f"{__name__}._wiring").wire()
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value  # later lookups are plain attribute reads
     return value
