@@ -264,11 +264,13 @@ class Sink:
 
 
 def string_payload(size: int) -> dict[str, Any]:
+    """A bare base64 string (part 1's threshold table)."""
     raw = random.Random(1).randbytes(size * 3 // 4)
     return {"image": base64.b64encode(raw).decode(), "prompt": "describe this image"}
 
 
 def structure_payload(size: int) -> dict[str, Any]:
+    """Rows of records (part 1's threshold table)."""
     rng = random.Random(2)
     rows = []
     total = 0
@@ -283,6 +285,111 @@ def structure_payload(size: int) -> dict[str, Any]:
         rows.append(row)
         total += len(orjson.dumps(row))
     return {"rows": rows, "model": "m"}
+
+
+def _request(credentials: bool) -> dict[str, Any]:
+    """What an LLM call's request carries besides its messages: the user, the session, headers
+    with an API key (renamed in the clean variant) and sampling settings."""
+    key, auth = ("api_key", "Authorization") if credentials else ("api_name", "Accept")
+    return {
+        "model": "gpt-4o-2024-08-06",
+        "temperature": 0.2,
+        "max_tokens": 1024,
+        "user": "user-8812",
+        "session": "conv-42",
+        "headers": {auth: "Bearer sk-live-123", key: "sk-live-456", "X-Request-Id": "req-1"},
+        "metadata": {"tenant": "acme", "feature": "support-bot"},
+    }
+
+
+def chat_payload(size: int, credentials: bool = True) -> dict[str, Any]:
+    """A retrieval-augmented chat turn, about ``size`` bytes of JSON: a system prompt, the
+    conversation so far (user and assistant messages, assistant tool calls with their JSON
+    arguments, tool results), retrieved documents with scores and metadata, the request's
+    settings (``user``, ``session``, headers with an API key: ``credentials=False`` renames
+    the key that names a credential) and usage with token counts."""
+    rng = random.Random(3)
+    words = [
+        "the",
+        "order",
+        "shipped",
+        "late",
+        "because",
+        "the",
+        "warehouse",
+        "ran",
+        "out",
+        "of",
+        "boxes",
+        "again",
+    ]
+
+    def text(n: int) -> str:
+        return " ".join(rng.choice(words) for _ in range(n))
+
+    messages: list[dict[str, Any]] = [{"role": "system", "content": text(120)}]
+    documents: list[dict[str, Any]] = []
+    turn = 0
+    while len(orjson.dumps({"messages": messages, "documents": documents})) < size - 1_000:
+        call_id = f"call_{turn:04d}"
+        messages += [
+            {"role": "user", "content": text(40)},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {
+                            "name": "search_orders",
+                            "arguments": orjson.dumps({"query": text(6), "limit": 5}).decode(),
+                        },
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": call_id, "content": text(60)},
+            {"role": "assistant", "content": text(50)},
+        ]
+        for k in range(4):
+            documents.append(
+                {
+                    "id": f"doc-{turn}-{k}",
+                    "title": text(6),
+                    "url": f"https://kb.example.com/articles/{turn * 4 + k}",
+                    "score": round(rng.random(), 4),
+                    "text": text(45),
+                    "metadata": {"source": "kb", "page": k, "chunk": turn, "lang": "en"},
+                }
+            )
+        turn += 1
+    return {
+        "messages": messages,
+        "documents": documents,
+        "request": _request(credentials),
+        "usage": {"prompt_tokens": 31_250, "completion_tokens": 412, "total_tokens": 31_662},
+    }
+
+
+def image_payload(size: int, credentials: bool = True) -> dict[str, Any]:
+    """A multimodal chat request carrying one image as a base64 data URL (``size`` bytes of
+    it), with the request's settings and usage as :func:`chat_payload` has them."""
+    raw = random.Random(1).randbytes(size * 3 // 4)
+    image = "data:image/png;base64," + base64.b64encode(raw).decode()
+    return {
+        "messages": [
+            {"role": "system", "content": "You describe product photos for the catalogue."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Describe this photo in two sentences."},
+                    {"type": "image_url", "image_url": {"url": image, "detail": "high"}},
+                ],
+            },
+        ],
+        "request": _request(credentials),
+        "usage": {"prompt_tokens": 1_105, "completion_tokens": 61, "total_tokens": 1_166},
+    }
 
 
 # --------------------------------------------------------------------------- part 1
@@ -352,6 +459,9 @@ def threshold_table() -> None:
 # What each late tick was made of, for the row being measured: (lag, the loop's thread ran,
 # it waited for a CPU), seconds, as the kernel's scheduler counts them. The rest is "other".
 STALLS: list[tuple[float, float, float]] = []
+# How long the last row's final flush took, from the last call's end to everything sent and
+# answered (seconds).
+FLUSH = [0.0]
 
 
 class _SchedStat:
@@ -404,7 +514,9 @@ async def drive(
         await call(payload)
         per_call.append(time.perf_counter() - t0)
         await asyncio.sleep(0.01)  # the application doing other things between requests
+    t0 = time.perf_counter()
     await finish()
+    FLUSH[0] = time.perf_counter() - t0
     stop.set()
     await tick
     return lags, per_call
@@ -582,6 +694,7 @@ class Row:
         self.p50_ms = statistics.median(lags) * 1e3
         self.p95_us = per_call_us[int(len(per_call_us) * 0.95) - 1]
         self.delivered = delivered
+        self.flush_s = FLUSH[0]
         self.steal = steal
         self.waited = waited
         self.cpu = cpu
@@ -590,30 +703,39 @@ class Row:
         parts = f"{self.ran_ms:.0f}/{self.stall_wait_ms:.0f}/{self.other_ms:.0f}"
         return (
             f"{name:<26}{self.max_ms:>9.1f}{self.total_ms:>11.1f}{parts:>16}{self.p50_ms:>9.2f}"
-            f"{self.p95_us:>11.1f}{self.delivered:>6}/{calls}{self.steal:>9.0f}{self.waited:>9.1f}"
-            f"{self.cpu:>9.0f}"
+            f"{self.p95_us:>11.1f}{self.delivered:>6}/{calls}{self.flush_s:>9.3f}"
+            f"{self.steal:>9.0f}{self.waited:>9.1f}{self.cpu:>9.0f}"
         )
 
 
 HEADER = (
     f"{'':<26}{'max ms':>9}{'total ms':>11}{'ran/wait/other':>16}{'p50 ms':>9}{'p95 us':>11}"
-    f"{'delivered':>10}{'steal':>9}{'waited':>9}{'cpu ms':>9}"
+    f"{'delivered':>10}{'flush s':>9}{'steal':>9}{'waited':>9}{'cpu ms':>9}"
 )
 
 
-def scenario(calls: int, rounds: int, only: str | None = None) -> None:
+PAYLOADS = {
+    "string": "2.5 MB image (base64 data URL) in a chat request",
+    "structure": "~165 KB chat turn (messages, tool calls, documents, usage)",
+}
+
+
+def scenario(calls: int, rounds: int, only: str | None = None, inline: bool = False) -> None:
     """Each row ``rounds`` times, interleaved, so that a burst of noise on a shared machine hits
-    one round of every row rather than every round of one. ``steal`` is the CPU time (ms, both
-    CPUs) the hypervisor gave to other guests during the row; ``ran/wait/other`` splits the
-    total lag by what the loop's thread did during the late ticks, as the kernel's scheduler
-    counts it: it ran (this process's Python, tracing's included), it waited for a CPU (behind
-    other tasks: the worker, the sink, kernel threads), or neither: it slept past its timer
-    or waited for the GIL, or its CPU did interrupt work (the network receive, which on
-    loopback the kernel does for the sink) or was not running at all (the host had not yet
+    one round of every row rather than every round of one. The structure rows run the chat
+    payload with its secret-looking keys (``api_key``, ``Authorization``, masked) and, in the
+    same rounds, with them renamed ("clean"), for their ratio. ``flush s`` is the final flush:
+    from the last call's end until everything was sent and answered. ``steal`` is the CPU time
+    (ms, both CPUs) the hypervisor gave to other guests during the row; ``ran/wait/other``
+    splits the total lag by what the loop's thread did during the late ticks, as the kernel's
+    scheduler counts it: it ran (this process's Python, tracing's included), it waited for a
+    CPU (behind other tasks: the worker, the sink, kernel threads), or neither: it slept past
+    its timer or waited for the GIL, or its CPU did interrupt work (the network receive, which
+    on loopback the kernel does for the sink) or was not running at all (the host had not yet
     woken the halted vCPU); ``waited`` the time the loop's thread spent runnable but waiting
-    for a CPU over the whole row; ``cpu ms`` the CPU time of this process, all
-    its threads (the application's and the tracer's; not the worker's or the sink's). A round
-    with much steal says little."""
+    for a CPU over the whole row; ``cpu ms`` the CPU time of this process, all its threads
+    (the application's and the tracer's; not the worker's or the sink's). A round with much
+    steal says little."""
     sink = Sink()
     ls_sink = Sink("--langsmith-sink") if has_langsmith() else None
     ls_url = f"http://127.0.0.1:{ls_sink.port}" if ls_sink is not None else ""
@@ -622,34 +744,70 @@ def scenario(calls: int, rounds: int, only: str | None = None) -> None:
     tmp = tempfile.mkdtemp(prefix="looptrace-bench-")
     try:
         print(f"\nPart 2: {calls} traced calls per row, 1 ms ticker on the loop, {rounds} rounds")
-        for kind, label, payload in (
-            ("string", "2.5 MB base64 string", string_payload(2_500_000)),
-            ("structure", "~165 KB structure-heavy", structure_payload(165_000)),
-        ):
+        for kind, label in PAYLOADS.items():
             if only is not None and kind != only:
                 continue
-            runs: list[tuple[str, Any, Sink]] = [
-                ("no tracing (baseline)", lambda p: baseline_run(p, calls), sink),
-                ("bytes moved, no tracing", lambda p: transfer_run(sink.port, p, calls, tmp), sink),
-                ("looptrace (offload)", lambda p: looptrace_run(sink.url, p, calls, True), sink),
-                (
-                    "looptrace (inline only)",
-                    lambda p: looptrace_run(sink.url, p, calls, False),
-                    sink,
-                ),
-                ("OpenTelemetry SDK", lambda p: otel_run(sink.url, p, calls), sink),
+            if kind == "string":
+                payload = image_payload(2_500_000)
+                clean = None
+            else:
+                payload = chat_payload(165_000)
+                clean = chat_payload(165_000, credentials=False)
+            runs: list[tuple[str, Any, Sink, Any]] = [
+                ("no tracing (baseline)", lambda p: baseline_run(p, calls), sink, payload),
             ]
+            if kind == "string":
+                runs.append(
+                    (
+                        "bytes moved, no tracing",
+                        lambda p: transfer_run(sink.port, p, calls, tmp),
+                        sink,
+                        payload,
+                    )
+                )
+            runs.append(
+                ("looptrace", lambda p: looptrace_run(sink.url, p, calls, True), sink, payload)
+            )
+            if clean is not None:
+                runs.append(
+                    (
+                        "looptrace, keys renamed",
+                        lambda p: looptrace_run(sink.url, p, calls, True),
+                        sink,
+                        clean,
+                    )
+                )
+            if inline:
+                runs.append(
+                    (
+                        "looptrace (inline only)",
+                        lambda p: looptrace_run(sink.url, p, calls, False),
+                        sink,
+                        payload,
+                    )
+                )
+            runs.append(
+                ("OpenTelemetry SDK", lambda p: otel_run(sink.url, p, calls), sink, payload)
+            )
             if ls_sink is not None:
-                runs.append(("LangSmith SDK", lambda p: langsmith_run(ls_url, p, calls), ls_sink))
+                runs.append(
+                    (
+                        "LangSmith SDK",
+                        lambda p: langsmith_run(ls_url, p, calls),
+                        ls_sink,
+                        payload,
+                    )
+                )
             print(f"\n{label}  (lag: max, total of ticks late by > 1 ms, median; producer p95)")
             print(HEADER)
             rows: dict[str, list[Row]] = {}
             for r in range(rounds):
-                for name, run, row_sink in runs:
+                for name, run, row_sink, row_payload in runs:
                     before = row_sink.count()
                     STALLS.clear()
+                    FLUSH[0] = 0.0
                     steal, waited, cpu = _steal_ms(), _waited_ms(), time.process_time()
-                    lags, per_call = run(payload)
+                    lags, per_call = run(row_payload)
                     steal, waited = _steal_ms() - steal, _waited_ms() - waited
                     cpu = (time.process_time() - cpu) * 1e3
                     expected = 0 if name.startswith("no tracing") else calls
@@ -657,19 +815,27 @@ def scenario(calls: int, rounds: int, only: str | None = None) -> None:
                     row = Row(lags, per_call, delivered, steal, waited, cpu)
                     rows.setdefault(name, []).append(row)
                     print(row.line(f"{name} #{r + 1}", calls), flush=True)
-            if rounds > 1:
-                print(f"median of {rounds} rounds (max ms, total ms, p95 us) and the least-noisy")
-                print("round (least steal):")
-                for name, got in rows.items():
-                    quiet = min(got, key=lambda row: row.steal)
-                    print(
-                        f"  {name:<26}"
-                        f"{statistics.median(g.max_ms for g in got):>7.1f}"
-                        f"{statistics.median(g.total_ms for g in got):>9.1f}"
-                        f"{statistics.median(g.p95_us for g in got):>9.1f}   quiet: "
-                        f"{quiet.max_ms:.1f} / {quiet.total_ms:.1f} / {quiet.p95_us:.1f}"
-                        f" (steal {quiet.steal:.0f})"
-                    )
+            print(
+                f"median of {rounds} rounds: max ms, total ms, p95 us, flush s; and the"
+                " least-noisy round (least steal):"
+            )
+            for name, got in rows.items():
+                quiet = min(got, key=lambda row: row.steal)
+                print(
+                    f"  {name:<26}"
+                    f"{statistics.median(g.max_ms for g in got):>7.1f}"
+                    f"{statistics.median(g.total_ms for g in got):>9.1f}"
+                    f"{statistics.median(g.p95_us for g in got):>9.1f}"
+                    f"{statistics.median(g.flush_s for g in got):>8.3f}   quiet: "
+                    f"{quiet.max_ms:.1f} / {quiet.total_ms:.1f} / {quiet.p95_us:.1f}"
+                    f" (steal {quiet.steal:.0f})"
+                )
+            if "looptrace, keys renamed" in rows:
+                keyed = statistics.median(g.total_ms for g in rows["looptrace"])
+                renamed = statistics.median(g.total_ms for g in rows["looptrace, keys renamed"])
+                print(
+                    f"  looptrace total lag, with keys / renamed: {keyed / max(renamed, 1e-9):.2f}x"
+                )
     finally:
         sink.close()
         if ls_sink is not None:
@@ -677,9 +843,160 @@ def scenario(calls: int, rounds: int, only: str | None = None) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# --------------------------------------------------------------------------- part 3
+
+
+async def burst(call: Any, spans: int, finish: Any) -> tuple[list[float], float, float]:
+    """``spans`` small traced calls as fast as the loop runs them (yielding every 100), then the
+    final flush; the ticker's lags over both, the emission's and the flush's wall time."""
+    lags: list[float] = []
+    stop = asyncio.Event()
+    tick = asyncio.create_task(ticker(stop, lags))
+    await asyncio.sleep(0.05)
+    t0 = time.perf_counter()
+    for i in range(spans):
+        await call({"question": "where is my order?", "i": i})
+        if i % 100 == 99:
+            await asyncio.sleep(0)
+    t1 = time.perf_counter()
+    await finish()
+    t2 = time.perf_counter()
+    stop.set()
+    await tick
+    return lags, t1 - t0, t2 - t1
+
+
+def flush_looptrace(url: str, spans: int) -> tuple[list[float], float, float]:
+    import looptrace
+
+    looptrace.configure(endpoint=url, service_name="bench")
+
+    @looptrace.traced
+    async def handle(request: Any) -> str:
+        return "ok"
+
+    async def finish() -> None:
+        await looptrace.flush(timeout=120)
+
+    async def main() -> tuple[list[float], float, float]:
+        result = await burst(handle, spans, finish)
+        await looptrace.shutdown(timeout=30)
+        return result
+
+    return asyncio.run(main())
+
+
+def flush_none(spans: int) -> tuple[list[float], float, float]:
+    async def handle(request: Any) -> str:
+        return "ok"
+
+    async def finish() -> None:
+        pass
+
+    return asyncio.run(burst(handle, spans, finish))
+
+
+def flush_otel(url: str, spans: int) -> tuple[list[float], float, float]:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url)))
+    tracer = provider.get_tracer("bench")
+
+    async def handle(request: Any) -> str:
+        with tracer.start_as_current_span("handle") as span:
+            span.set_attribute("input.value", orjson.dumps({"request": request}).decode())
+            span.set_attribute("output.value", '"ok"')
+            return "ok"
+
+    async def finish() -> None:
+        await asyncio.to_thread(provider.force_flush, 120_000)
+
+    try:
+        return asyncio.run(burst(handle, spans, finish))
+    finally:
+        provider.shutdown()
+
+
+def flush_langsmith(url: str, spans: int) -> tuple[list[float], float, float]:
+    import langsmith
+
+    os.environ["LANGSMITH_TRACING"] = "true"
+    client = langsmith.Client(api_url=url, api_key="bench", auto_batch_tracing=True)
+
+    @langsmith.traceable(client=client, name="handle", project_name="bench")
+    async def handle(request: Any) -> str:
+        return "ok"
+
+    async def finish() -> None:
+        await asyncio.to_thread(client.flush)
+
+    try:
+        return asyncio.run(burst(handle, spans, finish))
+    finally:
+        client.cleanup()
+
+
+def final_flush(spans: int, rounds: int) -> None:
+    """The final flush after a burst of small spans, each client in turn, ``rounds`` times:
+    how long it takes (from the burst's end to everything sent and answered), what the ticker
+    saw over the burst and the flush, and how many spans arrived."""
+    sink = Sink()
+    ls_sink = Sink("--langsmith-sink") if has_langsmith() else None
+    try:
+        runs: list[tuple[str, Any, Sink | None]] = [
+            ("no tracing", lambda: flush_none(spans), None),
+            ("looptrace", lambda: flush_looptrace(sink.url, spans), sink),
+            ("OpenTelemetry SDK", lambda: flush_otel(sink.url, spans), sink),
+        ]
+        if ls_sink is not None:
+            url = f"http://127.0.0.1:{ls_sink.port}"
+            runs.append(("LangSmith SDK", lambda: flush_langsmith(url, spans), ls_sink))
+        print(f"\nPart 3: the final flush after {spans:,} small spans, {rounds} rounds")
+        print(
+            f"{'':<24}{'emit s':>8}{'flush s':>9}{'max ms':>9}{'total ms':>10}"
+            f"{'delivered':>12}{'cpu ms':>9}"
+        )
+        got: dict[str, list[tuple[float, float, float, float, int]]] = {}
+        for r in range(rounds):
+            for name, run, row_sink in runs:
+                before = row_sink.count() if row_sink is not None else 0
+                cpu = time.process_time()
+                lags, emit_s, flush_s = run()
+                cpu = (time.process_time() - cpu) * 1e3
+                delivered = (
+                    row_sink.wait_for(before + spans, timeout=60) - before
+                    if row_sink is not None
+                    else 0
+                )
+                total = sum(lag for lag in lags if lag > TICK) * 1e3
+                got.setdefault(name, []).append(
+                    (emit_s, flush_s, max(lags, default=0.0) * 1e3, total, delivered)
+                )
+                print(
+                    f"{name + ' #' + str(r + 1):<24}{emit_s:>8.3f}{flush_s:>9.3f}"
+                    f"{max(lags, default=0.0) * 1e3:>9.1f}{total:>10.1f}"
+                    f"{delivered:>7}/{spans}{cpu:>9.0f}",
+                    flush=True,
+                )
+        print(f"median of {rounds} rounds: emit s, flush s, max ms, total ms, delivered")
+        for name, rows in got.items():
+            print(
+                f"  {name:<22}"
+                + "".join(f"{statistics.median(row[i] for row in rows):>10.3f}" for i in range(4))
+                + f"{statistics.median(row[4] for row in rows):>10.0f}"
+            )
+    finally:
+        sink.close()
+        if ls_sink is not None:
+            ls_sink.close()
+
+
 def one_row(kind: str, payload_kind: str, url: str, calls: int) -> None:
     """One row in this process, its figures printed as JSON (for the old-against-new run)."""
-    payload = string_payload(2_500_000) if payload_kind == "string" else structure_payload(165_000)
+    payload = image_payload(2_500_000) if payload_kind == "string" else chat_payload(165_000)
     STALLS.clear()
     waited, cpu = _waited_ms(), time.process_time()
     if kind == "baseline":
@@ -783,8 +1100,12 @@ def main() -> None:
         "--old", metavar="SRC", help="compare the offload row with the looptrace in SRC"
     )
     parser.add_argument(
-        "--only", choices=["string", "structure"], help="one payload kind (part 2 and --old)"
+        "--only",
+        choices=["string", "structure", "flush"],
+        help="one payload kind (part 2 and --old), or only part 3",
     )
+    parser.add_argument("--inline", action="store_true", help="add a row without offload")
+    parser.add_argument("--spans", type=int, default=40_000, help="part 3's burst")
     args = parser.parse_args()
     if args.row:
         one_row(*args.row, args.calls)
@@ -803,9 +1124,12 @@ def main() -> None:
         sender_main(int(port), path, int(calls))
         return
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
-    if not args.skip_threshold:
+    if not args.skip_threshold and args.only is None:
         threshold_table()
-    scenario(args.calls, args.rounds, args.only)
+    if args.only != "flush":
+        scenario(args.calls, args.rounds, args.only, args.inline)
+    if args.only in (None, "flush"):
+        final_flush(args.spans, args.rounds)
 
 
 if __name__ == "__main__":
