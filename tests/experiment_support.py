@@ -28,7 +28,7 @@ def experiment_spans(
     """An experiment ``exp_id`` (32 hex digits) of ``cases`` dataset rows run ``repetitions``
     times: its own span, then per case and repetition a case span (its own trace) with
     ``children`` child spans. ``score(case, repetition)`` gives the ``accuracy`` score (None:
-    none); cases in ``task_errors`` fail in the task, and ``scorer_errors[case]`` names the
+    none; a dict: one score per name); cases in ``task_errors`` fail in the task, and ``scorer_errors[case]`` names the
     scorers that raised on that case (every repetition)."""
     scorer_errors = scorer_errors or {}
     exp_trace = int(exp_id, 16)
@@ -71,8 +71,10 @@ def experiment_spans(
                 if status == 0:
                     status, message = 2, f"scorer {scorer} failed: KeyError: {scorer}"
             value = None if score is None else score(i, rep)
-            if value is not None:
-                attrs[sc.SCORE_PREFIX + "accuracy"] = float(value)
+            named = value if isinstance(value, dict) else {"accuracy": value}
+            for score_name, v in named.items():
+                if v is not None:
+                    attrs[sc.SCORE_PREFIX + score_name] = float(v)
             out.append(
                 decoded_span(
                     trace,
