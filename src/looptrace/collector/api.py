@@ -99,20 +99,45 @@ async def _api_traces(request: Request) -> Response:
             session=request.query_params.get("session") or None,
             tags=[t for t in request.query_params.getlist("tag") if t],
             metadata=_meta_params(request),
+            attrs=_pair_params(request, "attr"),
+            text=request.query_params.get("q") or None,
         )
     )
     return JSONResponse({"traces": traces, "limit": limit, "offset": offset})
 
 
+async def _api_delete_trace(request: Request) -> Response:
+    store: Store = request.app.state.store
+    trace_id = request.path_params["trace_id"].lower()
+    deleted = await _in_thread(store.delete_traces, [trace_id])
+    if not deleted:
+        return _api_error(404, f"no trace {trace_id}")
+    return JSONResponse({"deleted": {"traces": [trace_id]}})
+
+
+async def _api_delete_experiment(request: Request) -> Response:
+    store: Store = request.app.state.store
+    experiment_id = request.path_params["experiment_id"]
+    deleted = await _in_thread(store.delete_experiment, experiment_id)
+    if deleted is None:
+        return _api_error(404, f"no experiment {experiment_id}")
+    return JSONResponse({"deleted": {"experiment": experiment_id, "traces": deleted}})
+
+
 def _meta_params(request: Request) -> list[tuple[str, str]]:
-    # ``meta=key=value``, repeatable: the first "=" splits, so a value may hold more of them.
+    return _pair_params(request, "meta")
+
+
+def _pair_params(request: Request, name: str) -> list[tuple[str, str]]:
+    # ``meta=key=value`` or ``attr=key=value``, repeatable: the first "=" splits, so a value
+    # may hold more of them.
     out = []
-    for raw in request.query_params.getlist("meta"):
+    for raw in request.query_params.getlist(name):
         if not raw:
             continue
         key, sep, value = raw.partition("=")
         if not sep or not key:
-            raise _BadRequest(f"meta must be key=value, got {raw!r}")
+            raise _BadRequest(f"{name} must be key=value, got {raw!r}")
         out.append((key, value))
     return out
 
@@ -317,6 +342,9 @@ def api_routes() -> list[BaseRoute]:
         Route("/v1/traces", receive_traces, methods=["POST"]),
         Route("/api/traces", _api(_api_traces), methods=["GET"]),
         Route("/api/traces/{trace_id}", _api(_api_trace), methods=["GET"]),
+        # Deleting is DELETE only: a cross-site page cannot send one without a CORS preflight,
+        # which the collector never grants, and a token, when set, guards it like every route.
+        Route("/api/traces/{trace_id}", _api(_api_delete_trace), methods=["DELETE"]),
         Route("/api/traces/{trace_id}/spans/{span_id}", _api(_api_span), methods=["GET"]),
         Route("/api/services", _api(_api_services), methods=["GET"]),
         Route("/api/sessions", _api(_api_sessions), methods=["GET"]),
@@ -324,6 +352,7 @@ def api_routes() -> list[BaseRoute]:
         Route("/api/sessions/{session_id:path}", _api(_api_session), methods=["GET"]),
         Route("/api/experiments", _api(_api_experiments), methods=["GET"]),
         *api_experiments.routes(),
+        Route("/api/experiments/{experiment_id}", _api(_api_delete_experiment), methods=["DELETE"]),
         *live.routes(),
         Route("/api/lag", _api(_api_lag), methods=["GET"]),
         Route("/api/stats", _api(_api_stats), methods=["GET"]),

@@ -174,9 +174,9 @@ function link(href, text) {
 // ---------------------------------------------------------------------------------------------
 // Traces: the list
 
-const TRACE_FILTERS = ["name", "service", "status", "min_duration_ms", "range", "experiment", "user", "session"];
+const TRACE_FILTERS = ["q", "name", "service", "status", "min_duration_ms", "range", "experiment", "user", "session"];
 // Filters that may be given more than once (every one must match).
-const MULTI_FILTERS = ["tag", "meta"];
+const MULTI_FILTERS = ["attr", "tag", "meta"];
 const TIME_RANGES = [["900", "last 15 minutes"], ["3600", "last hour"], ["86400", "last 24 hours"], ["604800", "last 7 days"]];
 
 async function tracesPage() {
@@ -193,7 +193,12 @@ async function tracesPage() {
   const select = (name, options, any) => el("select", { name },
     el("option", { value: "" }, any),
     options.map(([value, text]) => el("option", { value, selected: q.get(name) === value }, text)));
+  // The search box: words of span names, attribute values and error messages (q), and span
+  // attributes as key=value (attr, repeatable), looked up in the store's search index.
   const form = el("form", { className: "filters", method: "get", action: "/" },
+    el("input", { name: "q", type: "search", id: "trace-search", className: "search",
+      placeholder: "search names, values, errors…", value: q.get("q") || "" }),
+    multiInputs(q, "attr", "attribute key=value"),
     el("input", { name: "name", placeholder: "name contains…", value: q.get("name") || "" }),
     select("service", services.services.map((s) => [s, s]), "any service"),
     select("status", ["ok", "error", "unset", "in_progress"].map((s) => [s, s]), "any status"),
