@@ -54,6 +54,7 @@ HUGE = f"{0xE701:032x}"
 HUGE_CASES = 10_000
 LAYOUT_TRACE = 0x1A7
 LONG_NAME = "a span with a very long name " * 8
+DASH = "\u2013"  # an en dash: the page writes ranges as 1, DASH, 100
 
 
 def _run_scores(run: int) -> Any:
@@ -313,17 +314,17 @@ def test_the_experiment_page_pages_its_cases_with_a_repetition_column(page: Any)
     _open(page, f"/experiments/{BIG}")
     rows = page.locator("table.cases tbody tr")
     assert rows.count() == 100
-    assert page.inner_text("#case-range") == "1–100 of 500"
+    assert page.inner_text("#case-range") == f"1{DASH}100 of 500"
     assert [rows.nth(i).get_attribute("data-case-index") for i in range(2)] == ["0", "0"]
     assert [rows.nth(i).locator("td.rep").inner_text() for i in range(2)] == ["0", "1"]
     assert page.locator("table.cases th", has_text="rep").count() == 1
 
     page.click("#cases-next")
-    _wait_text(page, "#case-range", "101–200 of 500")
+    _wait_text(page, "#case-range", f"101{DASH}200 of 500")
     assert "offset=100" in page.url
     assert rows.nth(0).get_attribute("data-case-index") == "50"
     page.go_back()
-    _wait_text(page, "#case-range", "1–100 of 500")
+    _wait_text(page, "#case-range", f"1{DASH}100 of 500")
     assert rows.nth(0).get_attribute("data-case-index") == "0"
 
 
@@ -340,7 +341,7 @@ def test_errors_and_scorer_errors_are_apart_and_every_failing_scorer_shows(page:
     assert "exact 2 · judge 4" in scorer_card.inner_text()
 
     page.select_option("#case-filter", "scorer_error")
-    _wait_text(page, "#case-range", "1–4 of 4")
+    _wait_text(page, "#case-range", f"1{DASH}4 of 4")
     nine = page.locator("table.cases tbody tr[data-case-index='9']")
     assert nine.count() == 2
     first = nine.nth(0)
@@ -350,7 +351,7 @@ def test_errors_and_scorer_errors_are_apart_and_every_failing_scorer_shows(page:
     assert first.locator(".task-error").count() == 0
 
     page.select_option("#case-filter", "task_error")
-    _wait_text(page, "#case-range", "1–4 of 4")
+    _wait_text(page, "#case-range", f"1{DASH}4 of 4")
     texts = page.locator("table.cases tbody tr .task-error").all_inner_texts()
     assert texts == ["ValueError: no answer"] * 4
 
@@ -402,7 +403,9 @@ def test_the_scorer_trend_calls_out_a_regression(page: Any) -> None:
 
 @browser_test
 @needs_chromium
-def test_attribute_keys_wrap_between_words_and_lag_badges_are_whole(browser: Any, base_url: str) -> None:
+def test_attribute_keys_wrap_between_words_and_lag_badges_are_whole(
+    browser: Any, base_url: str
+) -> None:
     """In a narrow window, an attribute key wraps only at its dots and underscores (never
     "looptrace.case.repetitio / n"), and a long span name gives way to its lag badge, which
     stays inside the name column."""

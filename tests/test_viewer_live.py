@@ -99,7 +99,9 @@ def new_trace_id() -> str:
     return f"{0x11FE000 + next(_counter):032x}"
 
 
-def span(trace: str, n: int, name: str, *, parent: int | None = None, running: bool = False) -> dict[str, Any]:
+def span(
+    trace: str, n: int, name: str, *, parent: int | None = None, running: bool = False
+) -> dict[str, Any]:
     """A span of ``trace`` numbered ``n``: finished 1 ms after it started, or (``running``)
     an in-progress snapshot, as looptrace sends for a span still open."""
     start = time.time_ns() - 10**9 + n * 10**6
