@@ -242,3 +242,66 @@ def test_a_failing_chat_model_records_error_type(otlp: OtlpTestServer, instrumen
     assert llm.status.code == 2
     assert attributes(llm)["error.type"].endswith(type(raised.value).__name__)
     assert spans.one("RunnableSequence").status.code == 2
+
+
+async def test_run_tags_and_metadata_become_the_trace_models_session_user_and_tags(
+    otlp: OtlpTestServer, instrumented: None
+) -> None:
+    """A run's ``tags`` and ``metadata`` (config) are looptrace's trace model on every span of
+    the run: the tags as tags, ``session_id`` and ``user_id`` as session and user, the rest of
+    the application's metadata as metadata, merged with a ``looptrace.attributes`` block
+    around the run (the run's session wins, tags add up). LangChain's own step tags
+    (``seq:step:2``) and bookkeeping metadata (``ls_*``) are left out; the caller's spans and a
+    later run without them keep the block's values alone."""
+
+    def lookup(city: str) -> str:
+        with looptrace.span("inside"):
+            return city
+
+    steps = RunnableLambda(lookup, name="lookup") | chain(model())
+    config: Any = {
+        "tags": ["beta"],
+        "metadata": {"session_id": "s-9", "user_id": "u-3", "experiment": "e1"},
+    }
+    block = looptrace.attributes(session_id="outer", tags=["web"], metadata={"team": "a"})
+    with block, looptrace.span("caller"):
+        await steps.ainvoke({"city": "Paris"}, config=config)
+        await chain(model()).ainvoke({"city": "Rome"})
+        with looptrace.span("after"):
+            pass
+
+    spans = await atree(otlp, 1 + 6 + 4 + 1)
+    spans.assert_one_trace()
+    for name in ("caller", "after", "inside"):
+        a = spans.attrs(name)
+        assert (a["session.id"], a["tag.tags"], a["metadata"]) == ("outer", ["web"], {"team": "a"})
+        assert "user.id" not in a
+    first, second = sorted(spans.named("RunnableSequence"), key=lambda s: s.start_time_unix_nano)
+    in_run = [
+        s
+        for s in spans.spans
+        if (s is first or _under(spans, s, first))
+        and not (s is second or _under(spans, s, second))
+        and attributes(s).get("looptrace.framework")
+    ]
+    assert {s.name for s in in_run} >= {"chat gpt-4o-mini", "lookup", "StrOutputParser"}
+    for span in in_run:
+        a = attributes(span)
+        assert a["session.id"] == "s-9", span.name
+        assert a["user.id"] == "u-3", span.name
+        assert a["tag.tags"] == ["web", "beta"], span.name
+        assert a["metadata"] == {"team": "a", "experiment": "e1"}, span.name
+    for span in [s for s in spans.spans if s is second or _under(spans, s, second)]:
+        a = attributes(span)
+        assert a["session.id"] == "outer", span.name
+        assert a["tag.tags"] == ["web"], span.name
+        assert a["metadata"] == {"team": "a"}, span.name
+
+
+def _under(spans: Any, span: Any, ancestor: Any) -> bool:
+    parent = spans.parent(span)
+    while parent is not None:
+        if parent is ancestor:
+            return True
+        parent = spans.parent(parent)
+    return False

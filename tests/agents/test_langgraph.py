@@ -154,3 +154,63 @@ async def test_prebuilt_agent_with_a_tool(otlp: OtlpTestServer, instrumented: No
         "name": "get_weather",
         "arguments": {"city": "Paris"},
     }
+
+
+async def test_node_spans_record_what_is_new_not_the_whole_state(
+    otlp: OtlpTestServer, instrumented: None
+) -> None:
+    """In a tool-calling agent each node gets the whole message list so far: its span records
+    the list's length and its last two messages (in the conventions' shape), so what a step
+    costs does not grow with the run, while each LLM span keeps every message it was sent and
+    each tool span its arguments and result. The graph's ``thread_id`` is the session."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from langgraph.prebuilt import create_react_agent
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return f"sunny in {city}"
+
+    turns = 4
+    replies = [
+        AIMessage(
+            content="",
+            tool_calls=[{"name": "get_weather", "args": {"city": f"c{i}"}, "id": f"call_{i}"}],
+            usage_metadata=USAGE,  # type: ignore[arg-type]
+        )
+        for i in range(turns)
+    ]
+    replies.append(AIMessage(content=REPLY, usage_metadata=USAGE))  # type: ignore[arg-type]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        agent = create_react_agent(ToolModel(messages=iter(replies)), [get_weather])
+    config: Any = {"configurable": {"thread_id": "t-1"}, "metadata": {"user_id": "u-1"}}
+    with looptrace.span("caller"):
+        await agent.ainvoke({"messages": [("user", "Weather?")]}, config=config)
+
+    spans = await atree(otlp, await sent(otlp))
+    spans.assert_one_trace()
+    agent_nodes = sorted(
+        (s for s in spans.named("agent") if attributes(s).get("looptrace.langgraph.node")),
+        key=lambda s: s.start_time_unix_nano,
+    )
+    assert len(agent_nodes) == turns + 1
+    last = attributes(agent_nodes[-1])["input.value"]["messages"]
+    assert last["count"] == 1 + 2 * turns  # the question, then a call and a result per turn
+    assert [m["role"] for m in last["last"]] == ["assistant", "tool"]
+    assert last["last"][1]["parts"][0]["response"] == f"sunny in c{turns - 1}"
+    final = attributes(spans.one("LangGraph"))["output.value"]["messages"]
+    assert final["count"] == 2 + 2 * turns
+    assert final["last"][-1]["parts"] == [{"type": "text", "content": REPLY}]
+
+    chats = sorted(spans.named("chat gpt-4o-mini"), key=lambda s: s.start_time_unix_nano)
+    assert len(attributes(chats[-1])["gen_ai.input.messages"]) == 1 + 2 * turns
+    tools = sorted(spans.named("execute_tool get_weather"), key=lambda s: s.start_time_unix_nano)
+    assert [attributes(t)["gen_ai.tool.call.result"] for t in tools] == [
+        f"sunny in c{i}" for i in range(turns)
+    ]
+    for span in spans.spans:
+        a = attributes(span)
+        if a.get("looptrace.framework"):
+            assert (a["session.id"], a["user.id"]) == ("t-1", "u-1"), span.name

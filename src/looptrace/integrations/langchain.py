@@ -24,15 +24,19 @@ keeps references to what it records (payloads are serialized later, by the expor
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from contextvars import ContextVar
+from types import MappingProxyType
 from typing import Any, cast
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import BaseMessage
 from langchain_core.tracers.context import register_configure_hook
 
 from .. import _clock
 from .. import _semconv as sc
+from .._capture.attributes import ContextAttributes
 from .._capture.spans import Span, SpanKind
 from .._capture.start import start_span
 from . import _common
@@ -41,6 +45,8 @@ from ._common import Open, Runs, guarded
 __all__ = ["Handler", "instrument_langchain", "uninstrument_langchain"]
 
 FRAMEWORK = "langchain"
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 # BaseMessage.type -> the GenAI conventions' role.
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
@@ -91,6 +97,187 @@ def _message(message: Any) -> dict[str, Any]:
     return {"role": role, "parts": parts}
 
 
+# Messages converted to the conventions' shape, by the message object: an agent sends a model
+# the same messages again on every call, each time with one or two more, so each message is
+# converted once, not once per call it is part of. The cache holds the messages it converted
+# (at most _CONVERTED_MAX per handler); when full, it starts over.
+_CONVERTED_MAX = 4096
+
+
+class _Converted:
+    __slots__ = ("_by_id",)
+
+    def __init__(self) -> None:
+        # id -> (the message, kept so that its id is not reused while here; its conversion)
+        self._by_id: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+    def __call__(self, message: Any) -> dict[str, Any]:
+        hit = self._by_id.get(id(message))
+        if hit is not None and hit[0] is message:
+            return hit[1]
+        converted = _message(message)
+        if len(self._by_id) >= _CONVERTED_MAX:
+            self._by_id.clear()
+        self._by_id[id(message)] = (message, converted)
+        return converted
+
+
+# What a chain, graph or node span records of its input and output. A LangGraph node gets the
+# graph's whole state (in a tool-calling agent, every message so far), a conditional edge
+# returns it inside its Send objects, a graph returns it: recorded whole, each step would
+# record, and the exporter serialize, the run so far, a cost that grows with the run
+# (quadratic over it) and competes with the run for the interpreter. So a list or tuple of
+# more than _LIST_MAX items is recorded as its length and its last _LAST items (what the step
+# added; the LLM spans keep every message they were sent), found in dicts, lists, pydantic
+# models, dataclasses and LangGraph's Send walked _DEPTH levels deep, at most _KEYS_MAX keys
+# each, _BUDGET values in all. Past those bounds a value is kept as it is. A message is
+# recorded as the LLM spans record it (converted once, see _Converted); the walk makes new
+# containers for what it walked (so a list the run appends to later stays as it was) and
+# keeps references to the rest, which the exporter serializes later.
+_LIST_MAX = 4
+_LAST = 2
+_DEPTH = 5
+_KEYS_MAX = 32
+_BUDGET = 256
+SUMMARY_COUNT = "count"
+SUMMARY_LAST = "last"
+SUMMARY_OMITTED_KEYS = "looptrace.omitted_keys"
+
+
+def _fields(value: Any) -> dict[str, Any] | None:
+    """The fields of a pydantic model, a dataclass or LangGraph's ``Send`` as a dict (a
+    LangGraph state can be a model or a dataclass, a prompt's value is a model); None for
+    anything else."""
+    cls = type(value)
+    fields = getattr(cls, "__pydantic_fields__", None)
+    if not isinstance(fields, dict):
+        fields = getattr(cls, "__dataclass_fields__", None)
+        if not isinstance(fields, dict) or isinstance(value, type):
+            if cls.__name__ == "Send" and cls.__module__.startswith("langgraph"):
+                return {"node": getattr(value, "node", None), "arg": getattr(value, "arg", None)}
+            return None
+    return {name: getattr(value, name, None) for name in fields}
+
+
+class _Walk:
+    __slots__ = ("convert", "left")
+
+    def __init__(self, convert: _Converted | None) -> None:
+        self.left = _BUDGET
+        self.convert = convert
+
+    def value(self, value: Any, depth: int) -> Any:
+        cls = type(value)
+        if cls is str or cls is int or cls is float or cls is bool or value is None:
+            return value
+        self.left -= 1
+        if isinstance(value, BaseMessage):
+            # In the conventions' shape, as the LLM spans record it (converted once per
+            # message, see _Converted): plain dicts the exporter serializes quickly.
+            return self.convert(value) if self.convert is not None else value
+        if cls is list or cls is tuple:
+            if len(value) > _LIST_MAX:
+                return {SUMMARY_COUNT: len(value), SUMMARY_LAST: self.items(value[-_LAST:], depth)}
+            return self.items(value, depth)
+        if depth >= _DEPTH or self.left <= 0:
+            return value
+        if isinstance(value, dict):
+            items: Any = value
+        else:
+            items = _fields(value)
+            if items is None:
+                return value
+        out: dict[Any, Any] = {}
+        for key, item in items.items():
+            if len(out) == _KEYS_MAX:
+                out[SUMMARY_OMITTED_KEYS] = len(items) - _KEYS_MAX
+                break
+            out[key] = self.value(item, depth + 1)
+        return out
+
+    def items(self, values: Any, depth: int) -> list[Any]:
+        if depth >= _DEPTH or self.left <= 0:
+            return list(values)
+        return [self.value(v, depth + 1) for v in values]
+
+
+def bounded(value: Any, convert: _Converted | None = None) -> Any:
+    """A chain span's input or output as recorded: ``value`` with long lists summarized and
+    messages converted by ``convert`` (see above)."""
+    return _Walk(convert).value(value, 0)
+
+
+# A run's tags and metadata, onto looptrace's trace model (looptrace.attributes): the tags as
+# tags, session_id (else thread_id, LangGraph's conversation thread, else conversation_id) as
+# the session, user_id as the user, the rest of what the application put in the metadata as
+# metadata. What LangChain and LangGraph add on their own is left out: the tags naming a
+# step's position (seq:step:2, graph:step:3, map:key:x) and LangSmith's markers, and the
+# metadata of their bookkeeping (ls_*, langgraph_*, checkpoint ids), which changes at every
+# node and is on the spans already where it says something (model, provider, node, step).
+_SESSION_KEYS = ("session_id", "thread_id", "conversation_id")
+_USER_KEY = "user_id"
+_OWN_TAGS = ("seq:step:", "graph:step:", "map:key:", "langsmith:")
+_OWN_METADATA = ("ls_", "langgraph_", "lc_", "checkpoint_", "__")
+_OWN_METADATA_KEYS = frozenset(("checkpoint_ns", "revision_id", *_SESSION_KEYS, _USER_KEY))
+# (where the run started, its tags, its metadata) -> the merged values; when full it starts
+# over. A graph's runs share their tags and metadata, so they share one object, which the
+# exporter encodes once.
+_VALUES_MAX = 256
+
+
+def _session(metadata: dict[str, Any]) -> Any:
+    for key in _SESSION_KEYS:
+        value = metadata.get(key)
+        if value is not None and value != "":
+            return value
+    return None
+
+
+def _context_attributes(
+    cache: dict[Any, ContextAttributes],
+    outer: ContextAttributes | None,
+    tags: list[str] | None,
+    metadata: dict[str, Any] | None,
+) -> ContextAttributes | None:
+    """The values a run with ``tags`` and ``metadata`` puts in force, merged over ``outer``
+    (those in force where it started); None when it adds nothing."""
+    own_tags = (
+        tuple(t for t in tags if type(t) is str and not t.startswith(_OWN_TAGS)) if tags else ()
+    )
+    session = user = None
+    extra: tuple[tuple[str, Any], ...] = ()
+    if metadata:
+        session = _session(metadata)
+        user = metadata.get(_USER_KEY)
+        extra = tuple(
+            (k, v)
+            for k, v in metadata.items()
+            if type(k) is str and k not in _OWN_METADATA_KEYS and not k.startswith(_OWN_METADATA)
+        )
+    if not own_tags and session is None and user is None and not extra:
+        return None
+    key: Any = (outer, own_tags, session, user, extra)
+    try:
+        hit = cache.get(key)
+    except TypeError:  # a metadata value that cannot be hashed: not cached
+        key = None
+        hit = None
+    if hit is not None:
+        return hit
+    own = ContextAttributes(
+        None if session is None else str(session),
+        None if user is None else str(user),
+        own_tags,
+        MappingProxyType(dict(extra)) if extra else _EMPTY,
+    )
+    values = own if outer is None else outer.merged(own)
+    if key is not None:
+        if len(cache) >= _VALUES_MAX:
+            cache.clear()
+        cache[key] = values
+    return values
+
+
 def _model(metadata: dict[str, Any] | None, kwargs: dict[str, Any]) -> str | None:
     if metadata:
         name = metadata.get("ls_model_name")
@@ -134,6 +321,8 @@ class Handler(BaseCallbackHandler):
     def __init__(self) -> None:
         super().__init__()
         self.runs = Runs("langchain")
+        self._converted = _Converted()
+        self._values: dict[Any, ContextAttributes] = {}
         # The price table, once per process (a few hundred milliseconds the first time): make
         # the first handler at start-up, not inside a request on an event loop.
         _common.load_prices()
@@ -147,6 +336,8 @@ class Handler(BaseCallbackHandler):
         name: str,
         attributes: dict[str, Any],
         kind: int = SpanKind.INTERNAL,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> Span | None:
         if _common.disabled():
             return None
@@ -160,6 +351,15 @@ class Handler(BaseCallbackHandler):
         span = start_span(name, attributes, parent, kind)
         if not span.is_recording:
             return None
+        if tags or metadata:
+            # On the run's span only, not put in force in the calling context: LangChain ends
+            # an async run in a copy of that context (its end callbacks are shielded tasks),
+            # where nothing set at the start can be taken back, so the values would stay on
+            # the caller's later spans. The run's child runs inherit its tags and metadata
+            # from LangChain itself.
+            values = _context_attributes(self._values, span.context_attributes, tags, metadata)
+            if values is not None:
+                span.context_attributes = values
         entry = Open(span, _common.activate(span))
         if not self.runs.add(run_id, entry):
             _common.deactivate(entry.tokens)
@@ -202,14 +402,23 @@ class Handler(BaseCallbackHandler):
                 step = metadata.get("langgraph_step")
                 if type(step) is int:
                     attributes[sc.LANGGRAPH_STEP] = step
-        span = self._start(run_id, parent_run_id, _name(serialized, kwargs, "chain"), attributes)
+        span = self._start(
+            run_id,
+            parent_run_id,
+            _name(serialized, kwargs, "chain"),
+            attributes,
+            tags=tags,
+            metadata=metadata,
+        )
         if span is not None and _common.content_enabled():
-            span.set_inputs(inputs)
+            span.set_inputs(bounded(inputs, self._converted))
 
     @guarded("integrations.langchain.chain_end")
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        entry = self._end(run_id, outputs)
+        entry = self._end(run_id)
         if entry is not None:
+            if outputs is not None and _common.content_enabled():
+                entry.span.set_output(bounded(outputs, self._converted))
             entry.span.end()
 
     @guarded("integrations.langchain.chain_error")
@@ -232,6 +441,7 @@ class Handler(BaseCallbackHandler):
         operation: str,
         run_id: UUID,
         parent_run_id: UUID | None,
+        tags: list[str] | None,
         metadata: dict[str, Any] | None,
         kwargs: dict[str, Any],
     ) -> Span | None:
@@ -243,7 +453,7 @@ class Handler(BaseCallbackHandler):
             _core_set(attributes, sc.GEN_AI_REQUEST_MAX_TOKENS, metadata.get("ls_max_tokens"))
             _core_set(attributes, sc.GEN_AI_REQUEST_STOP_SEQUENCES, metadata.get("ls_stop"))
         name = f"{operation} {model}" if model else operation
-        return self._start(run_id, parent_run_id, name, attributes, SpanKind.CLIENT)
+        return self._start(run_id, parent_run_id, name, attributes, SpanKind.CLIENT, tags, metadata)
 
     @guarded("integrations.langchain.chat_model_start")
     def on_chat_model_start(
@@ -257,22 +467,22 @@ class Handler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        span = self._start_llm(sc.GEN_AI_OP_CHAT, run_id, parent_run_id, metadata, kwargs)
+        span = self._start_llm(sc.GEN_AI_OP_CHAT, run_id, parent_run_id, tags, metadata, kwargs)
         if span is not None and _common.content_enabled() and messages:
             # One list of messages per prompt; a chat model call has one.
-            conversation = messages[0]
-            system = [m for m in conversation if getattr(m, "type", None) == "system"]
+            convert = self._converted
+            prompts = [[convert(m) for m in conversation] for conversation in messages]
+            conversation = prompts[0]
+            system = [m for m in conversation if m["role"] == "system"]
             attributes: dict[str, Any] = {
-                sc.GEN_AI_INPUT_MESSAGES: [
-                    _message(m) for m in conversation if getattr(m, "type", None) != "system"
-                ]
+                sc.GEN_AI_INPUT_MESSAGES: [m for m in conversation if m["role"] != "system"]
             }
             if system:
-                attributes[sc.GEN_AI_SYSTEM_INSTRUCTIONS] = [
-                    p for m in system for p in _text_parts(m.content)
-                ]
+                attributes[sc.GEN_AI_SYSTEM_INSTRUCTIONS] = [p for m in system for p in m["parts"]]
             span.set_attributes(attributes)
-            span.set_inputs(conversation if len(messages) == 1 else messages)
+            # The converted messages, not LangChain's objects: plain dicts and lists, which
+            # the exporter serializes several times faster than the objects.
+            span.set_inputs(conversation if len(prompts) == 1 else prompts)
 
     @guarded("integrations.langchain.llm_start")
     def on_llm_start(
@@ -287,7 +497,7 @@ class Handler(BaseCallbackHandler):
         **kwargs: Any,
     ) -> None:
         span = self._start_llm(
-            sc.GEN_AI_OP_TEXT_COMPLETION, run_id, parent_run_id, metadata, kwargs
+            sc.GEN_AI_OP_TEXT_COMPLETION, run_id, parent_run_id, tags, metadata, kwargs
         )
         if span is not None and _common.content_enabled():
             span.set_attribute(
@@ -319,7 +529,7 @@ class Handler(BaseCallbackHandler):
             return
         span = entry.span
         try:
-            _record_llm_result(span, response)
+            _record_llm_result(span, response, self._converted)
         finally:
             _common.price(span)
             span.end()
@@ -362,7 +572,14 @@ class Handler(BaseCallbackHandler):
         content = _common.content_enabled()
         if content:
             attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = inputs if inputs is not None else input_str
-        span = self._start(run_id, parent_run_id, f"{sc.GEN_AI_OP_EXECUTE_TOOL} {name}", attributes)
+        span = self._start(
+            run_id,
+            parent_run_id,
+            f"{sc.GEN_AI_OP_EXECUTE_TOOL} {name}",
+            attributes,
+            tags=tags,
+            metadata=metadata,
+        )
         if span is not None and content:
             span.set_inputs(inputs if inputs is not None else input_str)
 
@@ -405,7 +622,14 @@ class Handler(BaseCallbackHandler):
             sc.GEN_AI_OPERATION_NAME: sc.GEN_AI_OP_RETRIEVAL,
             sc.GEN_AI_DATA_SOURCE_ID: name,
         }
-        span = self._start(run_id, parent_run_id, f"{sc.GEN_AI_OP_RETRIEVAL} {name}", attributes)
+        span = self._start(
+            run_id,
+            parent_run_id,
+            f"{sc.GEN_AI_OP_RETRIEVAL} {name}",
+            attributes,
+            tags=tags,
+            metadata=metadata,
+        )
         if span is not None and _common.content_enabled():
             span.set_inputs(query)
 
@@ -440,7 +664,7 @@ def _core_set(attributes: dict[str, Any], key: str, value: Any) -> None:
         attributes[key] = list(value)
 
 
-def _record_llm_result(span: Span, response: Any) -> None:
+def _record_llm_result(span: Span, response: Any, convert: _Converted | None = None) -> None:
     """Tokens, response model and id, finish reasons and output messages of an LLMResult."""
     attributes: dict[str, Any] = {}
     generations = getattr(response, "generations", None) or ()
@@ -459,7 +683,7 @@ def _record_llm_result(span: Span, response: Any) -> None:
             response_model = response_model or metadata.get("model_name") or metadata.get("model")
             response_id = response_id or getattr(message, "id", None)
             usage = usage or getattr(message, "usage_metadata", None)
-            out = _message(message)
+            out = dict(convert(message)) if convert is not None else _message(message)
         else:
             out = {"role": "assistant", "parts": _text_parts(getattr(generation, "text", ""))}
         if isinstance(reason, str):
