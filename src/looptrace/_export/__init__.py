@@ -26,6 +26,7 @@ from .. import _errors, _state
 from .._config import Config
 from . import flusher
 from .buffer import DROP_REASONS
+from .first_span import Deferred
 from .pipeline import Pipeline
 from .stats import FlushResult, OffloadStatistics, Statistics
 
@@ -75,15 +76,36 @@ class Misconfigured:
         return {**dict.fromkeys(DROP_REASONS, 0), "invalid_config": self.dropped}
 
 
-def _first_sink() -> _state.Sink:
-    """The sink for spans once the first one needs the settings (see StartsPipeline)."""
+def _first_sink(defer: bool = True) -> _state.Sink:
+    """The sink for spans once the first one needs the settings (see StartsPipeline). On a
+    running loop the pipeline is built on its next turn (first_span.Deferred)."""
     with _lock:
         if _state.sink is STARTS_PIPELINE:
             get_config()  # may install the disabled or the misconfigured sink
         sink = _state.sink
         if sink is not STARTS_PIPELINE:
             return sink
+        loop = asyncio._get_running_loop() if defer else None
+        if loop is not None:
+            deferred = _state.sink = Deferred(lambda: _start_deferred(deferred))
+            loop.call_soon(deferred.run)
+            return deferred
         return _get_or_create()
+
+
+def _start_deferred(deferred: Deferred) -> _state.Sink:
+    with _lock:
+        if _state.sink is deferred:
+            _state.sink = STARTS_PIPELINE
+        return _first_sink(defer=False)
+
+
+def _started() -> Pipeline | None:
+    """The installed pipeline, built now if the first span's waits for the loop's next turn."""
+    sink = _state.sink
+    if isinstance(sink, Deferred):
+        sink.run()
+    return _pipeline
 
 
 class LagMonitorHook(Protocol):
@@ -186,7 +208,7 @@ def install(pipeline: Pipeline) -> Pipeline:
 
 def current() -> Pipeline | None:
     """The installed pipeline, if one was created."""
-    return _pipeline
+    return _started()
 
 
 def configure(**overrides: Any) -> Config:
@@ -291,7 +313,7 @@ def _no_pipeline() -> FlushResult:
 async def flush(timeout: float | None = None) -> FlushResult:
     """Wait until every span ended before this call is sent (or dropped), at most ``timeout``
     seconds; never blocks the event loop. Returns what happened and what is still pending."""
-    pipeline = _pipeline
+    pipeline = _started()
     if pipeline is None:
         return _no_pipeline()
     return await pipeline.flush(timeout)
@@ -299,7 +321,7 @@ async def flush(timeout: float | None = None) -> FlushResult:
 
 def flush_sync(timeout: float | None = None) -> FlushResult:
     """:func:`flush` for synchronous code (blocks the calling thread, never deadlocks)."""
-    pipeline = _pipeline
+    pipeline = _started()
     if pipeline is None:
         return _no_pipeline()
     return pipeline.flush_sync(timeout)
@@ -326,6 +348,7 @@ def _detach() -> Pipeline | None:
     """Take the installed pipeline out of service (the next span starts a new one) and keep it
     as the source of ``statistics()`` until then."""
     global _pipeline
+    _started()  # before the lock: Deferred.run takes its own, then this one
     with _lock:
         pipeline, _pipeline = _pipeline, None
         if pipeline is not None:
@@ -348,7 +371,7 @@ async def backpressure() -> None:
 
 def statistics() -> Statistics:
     """A typed snapshot of the pipeline: queued, in flight, sent, retried, dropped by reason."""
-    pipeline = _pipeline or _last_stats[0]
+    pipeline = _started() or _last_stats[0]
     if pipeline is None:
         sink = _state.sink
         if isinstance(sink, Misconfigured):
@@ -391,7 +414,7 @@ class _AfterExit:
 
 
 def _at_exit() -> None:
-    pipeline = _pipeline
+    pipeline = _started()
     if pipeline is None:
         return
     _state.sink = _AfterExit(pipeline)
