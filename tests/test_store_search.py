@@ -228,3 +228,53 @@ def test_an_older_store_is_indexed_when_opened(tmp_path: Path) -> None:
         assert s.schema_version == SCHEMA_VERSION
         assert _names(s, attrs=[("k", "v")]) == ["legacy"]
         assert _names(s, text="pipe") == ["legacy"]
+
+
+def test_batches_that_wait_for_the_writer_share_one_commit(tmp_path: Path) -> None:
+    """Group commit: batches that arrive while the writer is busy are written together in
+    one transaction, and every caller returns only after it; if that transaction fails,
+    every one of them raises (none is told its spans are stored)."""
+    import threading
+
+    with Store(tmp_path / "g.db") as s:
+        s.write([span(1)])
+        writes = s.counters.writes
+        errors: list[BaseException] = []
+
+        def writer(trace: int) -> None:
+            try:
+                s.write([span(trace, name=f"t{trace}")])
+            except BaseException as exc:
+                errors.append(exc)
+
+        def queued(n: int) -> None:
+            deadline = time.monotonic() + 60
+            while len(s._queue) < n:
+                assert time.monotonic() < deadline, "the writers never queued"
+                time.sleep(0.01)
+
+        with s._write_lock:  # the writer is busy
+            threads = [threading.Thread(target=writer, args=(t,)) for t in (2, 3, 4)]
+            for t in threads:
+                t.start()
+            queued(3)
+        for t in threads:
+            t.join(60)
+        assert errors == []
+        assert s.counters.writes == writes + 1
+        assert sorted(_names(s)) == ["op", "t2", "t3", "t4"]
+
+        def broken(*args: Any) -> None:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        s._write_locked = broken  # type: ignore[method-assign]
+        with s._write_lock:
+            threads = [threading.Thread(target=writer, args=(t,)) for t in (5, 6)]
+            for t in threads:
+                t.start()
+            queued(2)
+        for t in threads:
+            t.join(60)
+        assert [str(e) for e in errors] == ["disk I/O error", "disk I/O error"]
+        del s._write_locked
+        assert sorted(_names(s)) == ["op", "t2", "t3", "t4"]

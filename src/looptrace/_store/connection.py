@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .schema import StoreError, migrate, read_version
 from .search import TermIndex
@@ -55,6 +55,9 @@ class Connections:
         self._opened = False
         self._resource_ids: dict[str, int] = {}
         self._terms = TermIndex()
+        # Batches waiting for the writer (``Writer.write``'s group commit), under their lock.
+        self._queue_lock = threading.Lock()
+        self._queue: list[Any] = []
         self.counters = Counters()
 
     def _connect(self) -> sqlite3.Connection:

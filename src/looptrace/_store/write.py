@@ -35,6 +35,18 @@ class _Prepared(NamedTuple):
     terms: set[str]
 
 
+class _Job:
+    """One caller's batch, waiting to be written (``write``'s group commit)."""
+
+    __slots__ = ("done", "error", "prepared", "spans")
+
+    def __init__(self, spans: Sequence[DecodedSpan], prepared: list[_Prepared]) -> None:
+        self.spans = spans
+        self.prepared = prepared
+        self.done = False
+        self.error: BaseException | None = None
+
+
 _SPAN_COLUMNS = (
     "trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, duration_ns, status_code, "
     "status_message, attributes, events, links, resource_id, scope_name, scope_version, "
@@ -101,14 +113,35 @@ class Writer(Retention):
     """``Store.write`` and what it needs."""
 
     def write(self, spans: Sequence[DecodedSpan]) -> None:
-        """Store ``spans`` in one transaction; durable when this returns. Blocking: call it
-        from a worker thread, never on an event loop."""
+        """Store ``spans``; durable when this returns. Blocking: call it from a worker thread,
+        never on an event loop.
+
+        Group commit: batches that arrive while another is being written wait for the lock,
+        and whichever thread takes it next writes every waiting batch in one transaction (one
+        fsync, one update of the traces' summaries), then each of their callers returns, or
+        raises what that transaction raised. So the collector's concurrent requests share
+        commits instead of queueing one fsync each, and each is still answered only once its
+        spans are durable."""
         if not spans:
             return
         parsed: dict[str, Any] = {}
-        prepared = [_prepare(s, parsed) for s in spans]
+        job = _Job(spans, [_prepare(s, parsed) for s in spans])
+        with self._queue_lock:
+            self._queue.append(job)
         with self._write_lock:
-            conn = self._writer_conn()
+            if not job.done:
+                with self._queue_lock:
+                    jobs, self._queue = self._queue, []
+                self._write_jobs(jobs)
+        if job.error is not None:
+            raise job.error
+
+    def _write_jobs(self, jobs: list[_Job]) -> None:
+        # Called with _write_lock held; ``jobs`` holds at least the caller's own.
+        spans = [s for j in jobs for s in j.spans]
+        prepared = [p for j in jobs for p in j.prepared]
+        conn = self._writer_conn()
+        try:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 self._write_locked(conn, spans, prepared)
@@ -119,11 +152,18 @@ class Writer(Retention):
                 self._resource_ids.clear()
                 self._terms.forget()
                 raise
-            self.counters.writes += 1
-            self.counters.spans_written += len(spans)
-            self.counters.bytes_since_prune += sum(p.size for p in prepared)
-            if self._prune_due():
-                self._prune_locked(conn)
+        except BaseException as exc:
+            for j in jobs:
+                j.error = exc
+                j.done = True
+            return
+        for j in jobs:
+            j.done = True
+        self.counters.writes += 1
+        self.counters.spans_written += len(spans)
+        self.counters.bytes_since_prune += sum(p.size for p in prepared)
+        if self._prune_due():
+            self._prune_locked(conn)
 
     def _write_locked(
         self, conn: sqlite3.Connection, spans: Sequence[DecodedSpan], prepared: list[_Prepared]
