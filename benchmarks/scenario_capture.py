@@ -3,7 +3,8 @@
 Compares the same function called plain, with ``@looptrace.traced`` (real pipeline sending to a
 local OTLP server), and with an OpenTelemetry SDK span doing the same job (inputs and output
 recorded as JSON attributes, BatchSpanProcessor + OTLP/HTTP exporter to the same server).
-Prints per-call microseconds, the cost added per span, and the ratios.
+Prints per-call microseconds, the cost added per span, and the ratios; then the first traced
+call of a fresh process against its hundredth (``scenario_first_call.py``).
 """
 
 from __future__ import annotations
@@ -121,6 +122,15 @@ def main() -> None:
         ot = med[f"{kind} OpenTelemetry"] - base
         print(f"{kind}: OpenTelemetry adds {ot / lt:.1f}x what looptrace adds per span\n")
     print(f"looptrace exported {stats.spans_sent} spans, dropped {dict(stats.dropped)}")
+
+    # The first traced call of a process against its hundredth (scenario_first_call.py), in
+    # fresh processes: what is left of looptrace's start-up inside the user's first call.
+    import scenario_first_call
+
+    print()
+    rounds = 5
+    here = str(Path(__file__).parent.parent / "src")
+    scenario_first_call.report(scenario_first_call.measure(rounds, {"now": here}), rounds)
 
 
 if __name__ == "__main__":

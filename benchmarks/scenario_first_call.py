@@ -8,7 +8,7 @@ server, in a process of its own; the third row reads the settings before the loo
 start-up on the loop (reading the settings, building the pipeline, starting the flusher); the
 last column is each call's time as a multiple of the hundredth's.
 
-    .venv/bin/python benchmarks/scenario_first_call.py [--rounds 7]
+    .venv/bin/python benchmarks/scenario_first_call.py [--rounds 7] [--old OTHER/src]
 """
 
 from __future__ import annotations
@@ -50,47 +50,76 @@ asyncio.run(main())
 """
 
 
+ROWS = (
+    ("local store", "store"),
+    ("OTLP endpoint", "otlp"),
+    ("store, settings", "settings"),
+)
+
+
+def measure(rounds: int, trees: dict[str, str | None]) -> dict[tuple[str, str, str], list[float]]:
+    """Per (tree, destination, call): the caller's time in each fresh process (us). ``trees``
+    maps a label to the ``src`` put first on the import path (None: the installed looptrace,
+    or this checkout's when run from it); trees and destinations alternate round by round."""
+    rows: dict[tuple[str, str, str], list[float]] = {}
+    with OtlpServerProcess(defer_decode=True) as server, tempfile.TemporaryDirectory() as tmp:
+        base = {k: v for k, v in os.environ.items() if not k.startswith("LOOPTRACE_")}
+        for r in range(rounds):
+            order = list(trees.items())
+            if r % 2:
+                order.reverse()
+            for tree, src in order:
+                # Alternating, so that a burst of noise hits a round of each destination.
+                for where, kind in ROWS:
+                    extra = {
+                        "store": {"LOOPTRACE_STORE": os.path.join(tmp, f"{tree}-{r}.db")},
+                        "otlp": {"LOOPTRACE_ENDPOINT": server.endpoint},
+                        "settings": {
+                            "LOOPTRACE_STORE": os.path.join(tmp, f"{tree}-s-{r}.db"),
+                            "BENCH_READ_SETTINGS_FIRST": "1",
+                        },
+                    }[kind]
+                    env = {**base, **extra}
+                    if src is not None:
+                        env["PYTHONPATH"] = src
+                    out = subprocess.run(
+                        [sys.executable, "-c", CHILD],
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                        timeout=120,
+                    ).stdout
+                    for key, value in json.loads(out.strip().splitlines()[-1]).items():
+                        rows.setdefault((tree, where, key), []).append(value * 1e6)
+    return rows
+
+
+def report(rows: dict[tuple[str, str, str], list[float]], rounds: int) -> None:
+    print(f"caller's time per traced call in a fresh process, {rounds} processes (us)")
+    print("('store, settings': the settings read before the loop, as a configure() at import does)")
+    print(f"{'tree':<8}{'destination':<16}{'call':<12}{'median':>10}{'max':>10}{'x 100th':>10}")
+    for (tree, where, key), values in rows.items():
+        hundredth = statistics.median(rows[(tree, where, "hundredth")])
+        ratio = statistics.median(values) / hundredth if hundredth else float("nan")
+        print(
+            f"{tree:<8}{where:<16}{key:<12}{statistics.median(values):>10.1f}"
+            f"{max(values):>10.1f}{ratio:>10.1f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument(
+        "--old", metavar="SRC", help="also run the looptrace in SRC (a checkout's src), alternating"
+    )
     args = parser.parse_args()
-    rows: dict[tuple[str, str], list[float]] = {}
-    with OtlpServerProcess(defer_decode=True) as server, tempfile.TemporaryDirectory() as tmp:
-        endpoint = server.endpoint
-        base = {k: v for k, v in os.environ.items() if not k.startswith("LOOPTRACE_")}
-        for r in range(args.rounds):
-            # Alternating, so that a burst of noise hits a round of each destination.
-            for where, extra in (
-                ("local store", {"LOOPTRACE_STORE": os.path.join(tmp, f"store-{r}.db")}),
-                ("OTLP endpoint", {"LOOPTRACE_ENDPOINT": endpoint}),
-                (
-                    "store, settings",
-                    {
-                        "LOOPTRACE_STORE": os.path.join(tmp, f"store-s-{r}.db"),
-                        "BENCH_READ_SETTINGS_FIRST": "1",
-                    },
-                ),
-            ):
-                out = subprocess.run(
-                    [sys.executable, "-c", CHILD],
-                    env={**base, **extra},
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                    timeout=120,
-                ).stdout
-                for key, value in json.loads(out).items():
-                    rows.setdefault((where, key), []).append(value * 1e6)
-    print(f"caller's time per traced call in a fresh process, {args.rounds} processes (us)")
-    print("('store, settings': the settings read before the loop, as a configure() at import does)")
-    print(f"{'destination':<16}{'call':<12}{'median':>10}{'max':>10}{'x 100th':>10}")
-    for (where, key), values in rows.items():
-        hundredth = statistics.median(rows[(where, "hundredth")])
-        ratio = statistics.median(values) / hundredth if hundredth else float("nan")
-        print(
-            f"{where:<16}{key:<12}{statistics.median(values):>10.1f}{max(values):>10.1f}"
-            f"{ratio:>10.0f}"
-        )
+    here = str(Path(__file__).parent.parent / "src")
+    trees: dict[str, str | None] = {"now": here}
+    if args.old:
+        trees["old"] = args.old
+    report(measure(args.rounds, trees), args.rounds)
 
 
 if __name__ == "__main__":
