@@ -17,10 +17,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("git") is None or not (ROOT / ".git").exists(),
-    reason="needs git and a git checkout to clone",
-)
+pytestmark = [
+    pytest.mark.network,  # installs the package and its dependencies from the package index
+    pytest.mark.skipif(
+        shutil.which("git") is None or not (ROOT / ".git").exists(),
+        reason="needs git and a git checkout to clone",
+    ),
+]
 
 
 def _commands(text: str, fence: str) -> list[str]:
