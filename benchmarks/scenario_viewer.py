@@ -276,6 +276,105 @@ def main() -> None:
             print("\n(no /usr/bin/chromium: page loads not measured)", file=sys.stderr)
         server.should_exit = True
         thread.join(10)
+    experiment_at_scale()
+
+
+SCALE_CASES = 10_000
+LIVE_TRIALS = 7
+
+
+def experiment_at_scale() -> None:
+    """An experiment of 10,000 cases (5,000 dataset rows run twice, two child spans each, with
+    task and scorer errors) and three earlier runs of it: the experiment page's answers (time
+    and size), its first paint in chromium, and how long live mode takes to show a new trace
+    written by another connection to the store."""
+    sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+    from experiment_support import experiment_spans
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "experiments.db"
+        now = time.time_ns()
+        exp = f"{0xE10:032x}"
+        t0 = time.perf_counter()
+        with Store(path) as store:
+            for run in range(3):
+                store.write(
+                    experiment_spans(
+                        f"{0xE00 + run:032x}",
+                        "scale",
+                        now - (5 - run) * 3600 * 10**9,
+                        SCALE_CASES // 2,
+                        repetitions=2,
+                        score=lambda i, rep: (i % 10) / 10,
+                        children=0,
+                    )
+                )
+            spans = experiment_spans(
+                exp,
+                "scale",
+                now - 3600 * 10**9,
+                SCALE_CASES // 2,
+                repetitions=2,
+                score=lambda i, rep: (i % 10) / 10 if i % 7 else 0.0,
+                task_errors=frozenset(range(0, SCALE_CASES // 2, 499)),
+                scorer_errors={3: ("exact", "judge"), 7: ("judge",)},
+                children=2,
+                input_chars=300,
+            )
+            for k in range(0, len(spans), 5000):
+                store.write(spans[k : k + 5000])
+        print(
+            f"\nexperiment at scale: {SCALE_CASES:,} cases ({len(spans):,} spans) and three "
+            f"earlier runs, filled in {time.perf_counter() - t0:.1f} s"
+        )
+        server, thread, base = serve(path)
+        paths = [
+            ("cases 1-100 with the summary", f"/api/experiments/{exp}"),
+            ("cases at offset 9,900", f"/api/experiments/{exp}?offset=9900"),
+            ("scorer errors only", f"/api/experiments/{exp}?filter=scorer_error"),
+            ("trend over the last runs", f"/api/experiments/{exp}/trend"),
+            ("live: nothing changed", "/api/changes?cursor=none"),
+        ]
+        with httpx.Client(base_url=base) as client:
+            sizes = {label: len(client.get(p).content) for label, p in paths}
+        print(f"JSON API (median and max of {REPEATS} requests, ms; answer size)")
+        print(f"{'request':<36}{'median':>9}{'max':>9}{'bytes':>10}")
+        for label, med, worst in time_api(base, paths):
+            print(f"{label:<36}{med:>9.1f}{worst:>9.1f}{sizes[label]:>10,}")
+        if CHROMIUM.exists():
+            for label, med, worst, wall in time_pages(
+                base, [(f"experiment page, {SCALE_CASES:,} cases", f"/experiments/{exp}")]
+            ):
+                print(
+                    f"first paint: {label}: median {med:.0f} ms, max {worst:.0f} ms (driver {wall:.0f})"
+                )
+            print(f"live: a new trace in the open list, median and max of {LIVE_TRIALS}: ", end="")
+            print("{:.0f} ms, {:.0f} ms".format(*live_latency(base, path)))
+        server.should_exit = True
+        thread.join(10)
+
+
+def live_latency(base: str, path: Path) -> tuple[float, float]:
+    """Milliseconds from a commit by another connection to the row in the open trace list."""
+    from playwright.sync_api import sync_playwright
+
+    out = []
+    with sync_playwright() as pw, Store(path) as writer:
+        browser = pw.chromium.launch(
+            executable_path=str(CHROMIUM), args=["--headless", "--no-sandbox"]
+        )
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.goto(base + "/")
+        page.wait_for_selector("#live-toggle.on")
+        for trial in range(LIVE_TRIALS):
+            trace = 0x11FE0000 + trial
+            start = time.time_ns()
+            t0 = time.perf_counter()
+            writer.write([decoded_span(trace, 1, None, f"live {trial}", start, start + 1000)])
+            page.wait_for_selector(f"tr[data-trace-id='{trace:032x}']", timeout=30_000)
+            out.append((time.perf_counter() - t0) * 1e3)
+        browser.close()
+    return statistics.median(out), max(out)
 
 
 if __name__ == "__main__":

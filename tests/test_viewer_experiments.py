@@ -254,6 +254,7 @@ def test_the_trend_compares_the_last_runs_and_names_regressions(store: Store) ->
     trend = store.experiment_trend(RUNS[2], runs=10, threshold=0.05)
     assert trend is not None
     assert [r["id"] for r in trend["runs"]] == RUNS
+    assert [(r["case_count"], r["failed_count"]) for r in trend["runs"]] == [(RUN_ROWS, 0)] * 3
     assert [r["scores"]["accuracy"]["mean"] for r in trend["runs"]] == pytest.approx(
         [1.0, 0.9, 0.7]
     )
@@ -389,6 +390,7 @@ def test_the_scorer_trend_calls_out_a_regression(page: Any) -> None:
     calls out the one whose mean dropped past the threshold, with the cases that dropped; a
     scorer that moved within the threshold is not called out."""
     _open(page, f"/experiments/{RUNS[2]}")
+    page.wait_for_selector("body[data-trend-ready='1']")
     table = page.locator("#trend table.trend-table")
     assert table.locator("thead th.num").count() == 4  # three runs and the change
     accuracy = table.locator("tr[data-trend-score='accuracy']")

@@ -16,6 +16,7 @@ match the summary an experiment prints when it ends ("errors 2  scorer errors 4"
 from __future__ import annotations
 
 import sqlite3
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,7 +78,8 @@ class ExperimentReads(Connections):
     def _experiment_head(self, conn: sqlite3.Connection, row: Sequence[Any]) -> dict[str, Any]:
         exp_id = row[0]
         # One pass over the case rows. The cost is summed over the cases that have one: None
-        # when none has (never 0).
+        # when none has (never 0). The scorers that raised come as one string of names
+        # (separated by \x1f), read from the attributes of failed cases only.
         (
             cases,
             dataset,
@@ -88,13 +90,17 @@ class ExperimentReads(Connections):
             tokens_out,
             cost,
             costed,
+            failed_scorers,
         ) = conn.execute(
             "SELECT count(*), count(DISTINCT case_index), coalesce(sum(in_progress), 0), "
             f"coalesce(sum({_GUARDED_TASK_ERROR}), 0), "
             f"coalesce(sum({_GUARDED_SCORER_ERROR}), 0), "
             "coalesce(sum(json_extract(attributes, ?)), 0), "
             "coalesce(sum(json_extract(attributes, ?)), 0), "
-            "sum(json_extract(attributes, ?)), count(json_extract(attributes, ?)) "
+            "sum(json_extract(attributes, ?)), count(json_extract(attributes, ?)), "
+            "group_concat(CASE WHEN status_code = 2 THEN (SELECT group_concat(substr(key, "
+            f"{len(sc.SCORER_ERROR_PREFIX) + 1}), char(31)) FROM json_each(attributes) "
+            f"WHERE key GLOB '{_SCORER_ERRORS}') END, char(31)) "
             f"FROM spans WHERE {_CASES}",
             (
                 f'$."{sc.CASE_INPUT_TOKENS}"',
@@ -104,14 +110,8 @@ class ExperimentReads(Connections):
                 exp_id,
             ),
         ).fetchone()
-        scorer_errors = dict(
-            conn.execute(
-                f"SELECT substr(j.key, {len(sc.SCORER_ERROR_PREFIX) + 1}), count(*) "
-                f"FROM spans, json_each(spans.attributes) AS j WHERE {_CASES} "
-                f"AND status_code = 2 AND j.key GLOB '{_SCORER_ERRORS}' GROUP BY 1 ORDER BY 1",
-                (exp_id,),
-            ).fetchall()
-        )
+        scorer_errors = dict(sorted(Counter((failed_scorers or "").split("\x1f")).items()))
+        scorer_errors.pop("", None)
         return {
             "id": exp_id,
             "name": row[1],
@@ -142,8 +142,8 @@ class ExperimentReads(Connections):
         offset: int = 0,
         case_filter: str | None = None,
     ) -> dict[str, Any] | None:
-        """One experiment with its score aggregates and its cases in case order (then by
-        repetition), or None.
+        """One experiment with its score aggregates and its cases in case order (then by start,
+        which is repetition order), or None.
 
         ``limit``/``offset`` page the cases (``limit=None``: all of them); ``case_filter``
         (one of ``CASE_FILTERS``) keeps the cases with that outcome. ``case_rows`` is how many
@@ -187,7 +187,8 @@ class ExperimentReads(Connections):
         """Each scorer over the last ``runs`` runs of the experiment named like this one, up
         to and including it (oldest first), and what regressed since the run before it.
 
-        ``runs[i]``: id, created_ns, case and error counts, and per scorer its mean and count.
+        ``runs[i]``: id, created_ns, how many cases it ran and how many failed (task or
+        scorer), and per scorer its mean and count.
         ``regressions[name]``: the mean's change since the previous run, whether it dropped by
         more than ``threshold`` (``mean_regressed``), how many cases (matched by case index,
         their repetitions averaged) scored more than ``threshold`` lower, and the worst
@@ -213,19 +214,19 @@ class ExperimentReads(Connections):
             series.reverse()
             out_runs = []
             for run_id, run_created in series:
-                counts = conn.execute(
-                    f"SELECT count(*), coalesce(sum({_GUARDED_TASK_ERROR}), 0), "
-                    f"coalesce(sum({_GUARDED_SCORER_ERROR}), 0) "
-                    f"FROM spans WHERE {_CASES}",
-                    (run_id,),
+                # From the traces' summary rows (an index scan, no span read): a case is a
+                # trace of the experiment other than the experiment's own.
+                cases, failed = conn.execute(
+                    "SELECT count(*), coalesce(sum(status_code = 2), 0) FROM traces "
+                    "WHERE experiment_id = ? AND trace_id != ?",
+                    (run_id, run_id),
                 ).fetchone()
                 out_runs.append(
                     {
                         "id": run_id,
                         "created_ns": run_created,
-                        "case_count": counts[0],
-                        "error_count": counts[1],
-                        "scorer_error_count": counts[2],
+                        "case_count": cases,
+                        "failed_count": failed,
                         "scores": _score_aggregates(conn, run_id),
                     }
                 )
@@ -278,12 +279,14 @@ def _case_page(
     case_rows = conn.execute(
         "SELECT start_ns, trace_id, span_id, case_index, name, end_ns, duration_ns, "
         f"status_code, status_message, substr(input, 1, {n}), substr(output, 1, {n}), "
-        "json_extract(attributes, ?), in_progress, json_extract(attributes, ?) AS rep, "
+        "json_extract(attributes, ?), in_progress, json_extract(attributes, ?), "
         "json_extract(attributes, ?), json_extract(attributes, ?), "
         "json_extract(attributes, ?), json_extract(attributes, ?), "
         "CASE WHEN status_code = 2 THEN attributes END, length(input), length(output) "
         f"FROM spans WHERE {where} "
-        "ORDER BY case_index, rep, start_ns LIMIT ? OFFSET ?",
+        # A case's repetitions start in order: ordering by start skips reading each skipped
+        # row's repetition out of its attributes (a page far down costs half as much).
+        "ORDER BY case_index, start_ns LIMIT ? OFFSET ?",
         (
             f'$."{sc.EXPECTED_VALUE}"',
             _REPETITION_PATH,

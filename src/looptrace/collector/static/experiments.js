@@ -164,8 +164,8 @@ function trendSection(trend, experimentId) {
         typeof delta === "number" ? `${delta > 0 ? "+" : ""}${fmtNumber(delta)}` : "—"),
       el("td", {}, calls.length ? calls : el("span", { className: "muted" }, "none")));
   });
-  const errorsRow = el("tr", { "data-trend-score": "errors" }, el("td", { className: "muted" }, "errors · scorer errors"),
-    runs.map((r, i) => el("td", { className: `num muted${i === here ? " current" : ""}` }, `${r.error_count} · ${r.scorer_error_count}`)),
+  const errorsRow = el("tr", { "data-trend-score": "failed" }, el("td", { className: "muted" }, "failed cases (task or scorer)"),
+    runs.map((r, i) => el("td", { className: `num muted${i === here ? " current" : ""}` }, `${r.failed_count} of ${r.case_count}`)),
     el("td", {}), el("td", {}), el("td", {}));
   const previous = runs[here - 1];
   return el("section", { className: "trend", id: "trend" },
@@ -188,7 +188,9 @@ async function experimentPage(experimentId) {
     if (state.filter) p.set("filter", state.filter);
     return `${base}?${p}`;
   };
-  const [e, trend] = await Promise.all([api(pageUrl()), api(`${base}/trend?runs=${TREND_RUNS}`).catch(() => null)]);
+  // The trend comes after the first paint: the cases and their summary do not wait for it.
+  const trendRequest = api(`${base}/trend?runs=${TREND_RUNS}`).catch(() => null);
+  const e = await api(pageUrl());
   const names = Object.keys(e.scores || {}).sort();
   const withTokens = Boolean(e.input_tokens || e.output_tokens);
   const withCost = e.cost_usd != null;
@@ -255,12 +257,18 @@ async function experimentPage(experimentId) {
     tbody);
   drawCases(e);
   document.body.dataset.casesReady = "1";
+  const trendSlot = el("div", { id: "trend-slot" });
+  trendRequest.then((trend) => {
+    const section = trendSection(trend, e.id);
+    if (section) trendSlot.replaceChildren(section);
+    document.body.dataset.trendReady = "1";
+  });
   show(
     el("div", { className: "trace-head" }, el("h1", {}, e.name || e.id), el("span", { className: "muted" }, fmtTime(e.created_ns)),
       (e.tags || []).map((t) => el("span", { className: "badge unset" }, t)),
       e.trace ? link(`/traces/${encodeURIComponent(e.trace.trace_id)}`, "experiment trace") : null,
       el("span", { className: "mono muted" }, e.id)),
-    meta, experimentCards(e, names), trendSection(trend, e.id),
+    meta, experimentCards(e, names), trendSlot,
     el("div", { className: "filters case-tools" }, filter, prev, pagerText, next),
     el("div", { className: "cases-box" }, table));
 }
