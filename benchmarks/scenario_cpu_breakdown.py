@@ -25,9 +25,9 @@ from typing import Any
 import looptrace
 from looptrace import _export, _otlp, _serialize, _state
 from looptrace._capture.spans import Span
-from looptrace._encode import SpanEncoder
 from looptrace._export.exporter import SENT, Outcome, Slices
 from looptrace._export.memory import InMemoryExporter
+from looptrace._otlp.span_encoder import SpanEncoder
 from looptrace._transport import InMemoryTransport
 from looptrace._transport.settings import HttpSettings, wire_compression
 

@@ -9,7 +9,7 @@ import pytest
 from looptrace import _otlp, _serialize
 from looptrace._capture.spans import Span
 from looptrace._config import Config
-from looptrace._encode import SpanEncoder
+from looptrace._otlp.span_encoder import SpanEncoder
 from scenario_large_payloads import string_payload, structure_payload
 
 CFG = Config()

@@ -626,7 +626,7 @@ def test_decorating_does_the_start_up_so_the_first_call_does_not() -> None:
         "    return 1\n"
         "from looptrace import _serialize\n"
         "from looptrace._config import Config\n"
-        "print('looptrace._encode' in sys.modules, _serialize.has_policy(Config.from_env()),\n"
+        "print('looptrace._otlp.span_encoder' in sys.modules, _serialize.has_policy(Config.from_env()),\n"
         "      _state.config is None)\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOPTRACE_", "OTEL_"))}

@@ -18,7 +18,7 @@ import looptrace
 from looptrace import _otlp, _serialize
 from looptrace._capture.spans import UNSET, CallSite, Event, RemoteChildSpan, ScopedSpan, Span
 from looptrace._config import Config
-from looptrace._encode import CLEAN, HOOKED, LARGE, OFFLOAD, SpanEncoder
+from looptrace._otlp.span_encoder import CLEAN, HOOKED, LARGE, OFFLOAD, SpanEncoder
 from looptrace._serialize import REDACTED, to_wire
 from looptrace.collector.decode import decode_request
 from looptrace.testing import capture_spans

@@ -17,8 +17,8 @@ import pytest
 import looptrace
 from looptrace import _export, _otlp, _state
 from looptrace._capture.spans import Span
-from looptrace._encode import SpanEncoder
 from looptrace._export.buffer import PENDING_OVERHEAD_BYTES, Buffer
+from looptrace._otlp.span_encoder import SpanEncoder
 from looptrace._transport import (
     HttpTransport,
     InMemoryTransport,

@@ -469,7 +469,7 @@ def test_direct_encoder_writes_what_the_general_route_writes(case: str) -> None:
     from looptrace._capture.attributes import ContextAttributes
     from looptrace._capture.spans import CallSite, ScopedSpan, Span
     from looptrace._config import Config
-    from looptrace._encode import SpanEncoder
+    from looptrace._otlp.span_encoder import SpanEncoder
     from looptrace._serialize import to_wire
 
     cfg = Config(max_span_bytes=4096)

@@ -235,7 +235,8 @@ def _prepare(cfg: Config) -> None:
     # A start-up step: import the export modules here, once, rather than in a worker thread
     # during the first drain, where an import holds the GIL against the application's loop
     # for tens of milliseconds.
-    from .. import _encode, _otlp, _serialize  # noqa: F401
+    from .. import _serialize
+    from .._otlp import span_encoder  # noqa: F401
 
     _serialize.policy(cfg)  # compiles the redaction patterns, 3-4 ms
     if cfg.offload:

@@ -1,9 +1,10 @@
 """The OTLP/HTTP exporter: each span encoded once (large ones in a worker process), each batch
 one request, compressed, over a :class:`~looptrace._transport.Transport`.
 
-    encode:  SpanEncoder.plan -> SpanEncoder.encode            (bytes; the common case)
-                              -> Offloader.submit              (bytes, from a worker)
-    export:  encode_request_pieces(chunks) -> compress_body -> Transport.send -> Outcome
+    encode:  SpanEncoder.plan -> SpanEncoder.encode / .steps      (bytes; the common case)
+                              -> Offloader.submit                 (bytes, from a worker)
+    export:  OtlpHttpExporter.request(chunks)  -> body, headers   (pieces, compressed)
+             Transport.send(body, headers)     -> outcome_of(response)
 
 A large span encoded by a worker comes back as bytes and travels like any other, in a shared
 request over this process's transport: a worker that sent the span itself, with an HTTP client
@@ -17,7 +18,8 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence, Sized
 from typing import TYPE_CHECKING
 
-from .. import _errors
+from .. import _errors, _otlp, _serialize
+from .._otlp.span_encoder import HOOKED, LARGE, OFFLOAD, SpanEncoder
 from .._transport import (
     HttpTransport,
     Response,
@@ -33,11 +35,9 @@ from .stats import OffloadStatistics
 if TYPE_CHECKING:
     from .._capture.spans import Span
     from .._config import Config
-    from .._encode import SpanEncoder
     from .._offload.parent import Offloader
-    from .._otlp import Resource
 
-__all__ = ["OtlpHttpExporter"]
+__all__ = ["OtlpHttpExporter", "outcome_of"]
 
 # Request bodies above this are put together, and compressed, in a worker thread: zlib and
 # zstd release the GIL, and joining a batch of a few megabytes takes milliseconds.
@@ -54,7 +54,11 @@ class OtlpHttpExporter:
         self.cfg = cfg
         self._transport_factory = transport_factory or self._http_transport
         self._offloader: Offloader | None = None
-        self._estimate: Callable[[Span], int] | None = None
+        self.compression = wire_compression(cfg.compression, HttpSettings.from_config(cfg).loopback)
+        self.content_type = _otlp.content_type(cfg.encoding)
+        # Made by load(): the resource reads the environment, the encoder builds the policy.
+        self.resource: _otlp.Resource | None = None
+        self.span_encoder: SpanEncoder | None = None
 
     def __repr__(self) -> str:
         return f"OtlpHttpExporter({self.cfg.endpoint!r})"
@@ -64,91 +68,114 @@ class OtlpHttpExporter:
 
     # ------------------------------------------------------------------ the codec
     def loaded_cheaply(self) -> bool:
-        # configure() imported the codec and built the policy (see _export.prepare_ahead).
-        serialize = sys.modules.get("looptrace._serialize")
-        if serialize is None or "looptrace._encode" not in sys.modules:
-            return False
+        # configure() built the policy (see _export.prepare_ahead); the offloader's module
+        # is imported there too when offload is on.
         if self.cfg.offload and "looptrace._offload.parent" not in sys.modules:
             return False
-        return bool(serialize.has_policy(self.cfg))
+        return _serialize.has_policy(self.cfg)
 
     def load(self) -> None:
-        from .. import _otlp, _serialize
-        from .._encode import SpanEncoder
-
         cfg = self.cfg
-        self.resource: Resource = _otlp.default_resource(cfg)
-        self.content_type = _otlp.content_type(cfg.encoding)
-        self.request_pieces = _otlp.encode_request_pieces
-        self.compress = _otlp.compress_body
-        settings = HttpSettings.from_config(cfg)
-        self.compression = wire_compression(cfg.compression, settings.loopback)
-        self.span_encoder: SpanEncoder = SpanEncoder(cfg)
+        self.resource = _otlp.default_resource(cfg)
+        self.span_encoder = SpanEncoder(cfg)
         if cfg.offload:
             # Started at the first large span; at interpreter exit, when no thread can start
             # it, large spans are serialized inline.
             from .._offload.parent import Offloader
 
             self._offloader = Offloader()
-        self._estimate = _serialize.estimate_size
 
     def estimate(self, span: Span) -> int:
-        assert self._estimate is not None
-        return self._estimate(span)
+        return _serialize.estimate_size(span)
 
     async def encode(self, spans: Sequence[Span]) -> list[Sized | None]:
-        """Encode each span, or hand it to a worker, in ~1 ms slices."""
-        from .._encode import HOOKED, LARGE, OFFLOAD
-        from .._offload.parent import STARTABLE
-
-        cfg = self.cfg
-        encoding = cfg.encoding
-        plan, encode, steps = (
-            self.span_encoder.plan,
-            self.span_encoder.encode,
-            self.span_encoder.steps,
-        )
+        """Encode each span, or hand it to a worker, in ~0.5 ms slices."""
+        encoder = self._encoder()
         offloader = self._offloader
         chunks: list[Sized | None] = [None] * len(spans)
         offloaded: list[tuple[int, Span, Awaitable[bytes]]] = []
         slices = Slices()
         for i, span in enumerate(spans):
             try:
-                flags = plan(span)
+                flags = encoder.plan(span)
                 if flags & OFFLOAD and offloader is not None:
-                    if offloader.state in STARTABLE:
-                        # Start the pool before the first handoff, so that every handoff of
-                        # this drain happens inside a time slice, not all at once after it.
-                        await offloader.ready()
-                        slices.restart()
+                    await self._ready_to_offload(offloader, slices)
                     # The handoff (hooks, pickling) runs here, inside the time slice, so a
                     # drain of many large spans yields between them; only the results are
                     # awaited.
-                    offloaded.append((i, span, offloader.submit(span, cfg, encoding)))
+                    offloaded.append((i, span, offloader.submit(span, self.cfg, self.cfg.encoding)))
                 elif flags & (LARGE | HOOKED):
                     # Many containers (or a hook's value, which the walk has not seen):
                     # orjson's pass and the key scan after it are steps of their own when the
                     # JSON is long, each judged against the slice like a span.
-                    chunks[i] = await slices.run(steps(span, flags))
+                    chunks[i] = await slices.run(encoder.steps(span, flags))
                 else:
-                    chunks[i] = encode(span, flags)
+                    chunks[i] = encoder.encode(span, flags)
             except Exception as exc:
                 _errors.report_internal("pipeline.encode", exc)
             if slices.due():
                 await slices.pause()
         if offloaded:
-            results = await asyncio.gather(*(aw for _, _, aw in offloaded), return_exceptions=True)
-            for (i, span, _), result in zip(offloaded, results, strict=True):
-                if isinstance(result, bytes):
-                    chunks[i] = self.span_encoder.with_scope(result, span)
-                elif isinstance(result, BaseException):
-                    _errors.report_internal("pipeline.offload", result)
+            await self._collect(offloaded, chunks)
         return chunks
 
-    def encode_open(self, span: Span) -> Sized:
-        return self.span_encoder.encode(span, 0)
+    def _encoder(self) -> SpanEncoder:
+        encoder = self.span_encoder
+        assert encoder is not None, "load() first"
+        return encoder
 
-    # ------------------------------------------------------------------ sending
+    @staticmethod
+    async def _ready_to_offload(offloader: Offloader, slices: Slices) -> None:
+        """Start the pool before the first handoff, so that every handoff of this drain
+        happens inside a time slice, not all at once after it."""
+        from .._offload.parent import STARTABLE
+
+        if offloader.state in STARTABLE:
+            await offloader.ready()
+            slices.restart()
+
+    async def _collect(
+        self, offloaded: list[tuple[int, Span, Awaitable[bytes]]], chunks: list[Sized | None]
+    ) -> None:
+        """The workers' bytes into ``chunks``, each under its span's scope."""
+        encoder = self._encoder()
+        results = await asyncio.gather(*(aw for _, _, aw in offloaded), return_exceptions=True)
+        for (i, span, _), result in zip(offloaded, results, strict=True):
+            if isinstance(result, bytes):
+                chunks[i] = encoder.with_scope(result, span)
+            elif isinstance(result, BaseException):
+                _errors.report_internal("pipeline.offload", result)
+
+    def encode_open(self, span: Span) -> Sized:
+        return self._encoder().encode(span, 0)
+
+    # ------------------------------------------------------------------ requests
+    def request_pieces(self, chunks: Sequence[Sized]) -> list[bytes]:
+        """One ExportTraceServiceRequest of ``chunks`` (encoded spans), in pieces: joined by
+        the compressor, not copied here."""
+        assert self.resource is not None, "load() first"
+        return _otlp.encode_request_pieces(chunks, self.resource, self.cfg.encoding)  # type: ignore[arg-type]
+
+    def compress(self, pieces: list[bytes]) -> tuple[bytes, str | None]:
+        """The request body and its Content-Encoding (None: sent as it is)."""
+        return _otlp.compress_body(pieces, self.compression)
+
+    async def request(self, chunks: Sequence[Sized]) -> tuple[bytes, dict[str, str]]:
+        """The body and headers of the request that sends ``chunks``."""
+        pieces = self.request_pieces(chunks)
+        if sum(map(len, pieces)) > BODY_IN_THREAD_BYTES:
+            # Uncompressed bodies too: joined here, batches of 165 KB structures held the loop
+            # for 4-5 ms each.
+            body, content_encoding = await in_background(self.compress, pieces)
+        elif self.compression != "none":
+            body, content_encoding = self.compress([b"".join(pieces)])
+        else:
+            body, content_encoding = b"".join(pieces), None
+        headers = {"Content-Type": self.content_type}
+        if content_encoding:
+            headers["Content-Encoding"] = content_encoding
+        return body, headers
+
     def session(self) -> _Session:
         return _Session(self)
 
@@ -179,23 +206,9 @@ class _Session:
         self._transport: Transport | None = None
 
     async def export(self, chunks: Sequence[Sized]) -> Outcome:
-        exporter = self._exporter
-        pieces = exporter.request_pieces(chunks, exporter.resource, exporter.cfg.encoding)  # type: ignore[arg-type]
-        compression = exporter.compression
-        content_encoding = None
-        if sum(map(len, pieces)) > BODY_IN_THREAD_BYTES:
-            # Uncompressed bodies too: joined here, batches of 165 KB structures held the loop
-            # for 4-5 ms each.
-            body, content_encoding = await in_background(exporter.compress, pieces, compression)
-        else:
-            body = b"".join(pieces)
-            if compression != "none":
-                body, content_encoding = exporter.compress([body], compression)
-        headers = {"Content-Type": exporter.content_type}
-        if content_encoding:
-            headers["Content-Encoding"] = content_encoding
+        body, headers = await self._exporter.request(chunks)
         if self._transport is None:
-            self._transport = exporter._transport_factory()
+            self._transport = self._exporter._transport_factory()
         try:
             response = await self._transport.send(body, headers)
         except (OSError, asyncio.TimeoutError) as exc:

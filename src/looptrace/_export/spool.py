@@ -115,9 +115,7 @@ class Spool:
 
     def _write(self, batch: Batch, claimed: bool) -> Path | None:
         try:
-            pieces = self.exporter.request_pieces(
-                [chunk_bytes(c) for c in batch.chunks], self.exporter.resource, self.cfg.encoding
-            )
+            pieces = self.exporter.request_pieces([chunk_bytes(c) for c in batch.chunks])
             path = self.dir.write(pieces, self.cfg.encoding, batch.span_count, claimed)
         except Exception as exc:
             if not self._failed_write:

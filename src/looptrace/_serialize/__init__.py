@@ -24,10 +24,11 @@ from ._common import REDACTED, TRUNCATED_KEY, counted, logger, stats
 from .convert import placeholder
 from .policy import Policy, has_policy, policy
 from .sizing import estimate_size, leaf_size
+from .spans import _attributes as attributes_into
+from .spans import _code_attributes as code_attributes
+from .spans import _context_attributes as context_attributes
+from .spans import _payloads as payloads
 from .spans import (
-    _attributes,
-    _code_attributes,
-    _payloads,
     capped,
     finish,
     finish_payloads,
@@ -36,17 +37,19 @@ from .spans import (
     to_wire_or_steps,
 )
 from .walk import _dumps, dumps_or_steps, snapshot, to_json
+from .walk import _dumps as dumps
 
 __all__ = [
     "REDACTED",
     "TRUNCATED_KEY",
     "Policy",
-    "_attributes",
-    "_code_attributes",
     "_dumps",
-    "_payloads",
+    "attributes_into",
     "capped",
+    "code_attributes",
+    "context_attributes",
     "counted",
+    "dumps",
     "dumps_or_steps",
     "estimate_size",
     "finish",
@@ -54,6 +57,7 @@ __all__ = [
     "has_policy",
     "leaf_size",
     "logger",
+    "payloads",
     "placeholder",
     "policy",
     "prepare",

@@ -1,4 +1,9 @@
-"""The flusher's per-span step: plan how to serialize a span, then write its encoded chunk.
+"""The OTLP exporter's per-span step: plan how to serialize a span, then write its encoded chunk.
+
+Not imported by ``_otlp``'s package root: a worker process encodes with ``_otlp`` and needs
+none of capture, which this module reads spans from. It writes from what ``_serialize`` offers
+it by name (``attributes_into``, ``code_attributes``, ``context_attributes``, ``payloads``,
+``dumps``...), never from that package's private modules.
 
     enc = SpanEncoder(cfg)
     flags = enc.plan(span)      -> OFFLOAD | CLEAN | HOOKED | LARGE   one bounded walk
@@ -26,10 +31,10 @@ import uuid
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
-from . import _otlp, _serialize
-from ._capture.attributes import ContextAttributes
-from ._capture.spans import UNSET, CallSite, Span
-from ._semconv import (
+from .. import _serialize
+from .._capture.attributes import ContextAttributes
+from .._capture.spans import UNSET, CallSite, Span
+from .._semconv import (
     INPUT_MIME_TYPE,
     INPUT_VALUE,
     OI_CHAIN,
@@ -37,11 +42,19 @@ from ._semconv import (
     OUTPUT_MIME_TYPE,
     OUTPUT_VALUE,
 )
-from ._serialize.spans import _context_attributes
-from ._wire import AttrValue, WireSpan
+from .._wire import AttrValue, WireSpan
+from .pb import (
+    MIME_PIECE,
+    payload_attributes,
+    span_attributes,
+    span_head,
+    span_tail,
+    string_attribute,
+)
+from .request import ScopedChunk, encode_span
 
 if TYPE_CHECKING:
-    from ._config import Config
+    from .._config import Config
 
 __all__ = ["CLEAN", "HOOKED", "LARGE", "OFFLOAD", "SpanEncoder"]
 
@@ -74,13 +87,13 @@ _KEYLESS = frozenset(
     )
 )
 
-_span_head = _otlp.span_head
-_span_attributes = _otlp.span_attributes
-_string_attribute = _otlp.string_attribute
-_dumps = _serialize._dumps
-_FLAGS = (_otlp.span_tail(0, "", False), _otlp.span_tail(0, "", True))
-_IN_MIME = _otlp.MIME_PIECE[INPUT_MIME_TYPE]
-_OUT_MIME = _otlp.MIME_PIECE[OUTPUT_MIME_TYPE]
+_span_head = span_head
+_span_attributes = span_attributes
+_string_attribute = string_attribute
+_dumps = _serialize.dumps
+_FLAGS = (span_tail(0, "", False), span_tail(0, "", True))
+_IN_MIME = MIME_PIECE[INPUT_MIME_TYPE]
+_OUT_MIME = MIME_PIECE[OUTPUT_MIME_TYPE]
 
 
 class _SiteBlock:
@@ -91,12 +104,12 @@ class _SiteBlock:
     def __init__(self, site: CallSite, pol: _serialize.Policy) -> None:
         attrs: dict[str, AttrValue] = {}
         with _serialize.counted() as counts:
-            _serialize._attributes(site.attributes, pol, attrs)
+            _serialize.attributes_into(site.attributes, pol, attrs)
         # Counted on every span that carries these attributes (redactions, truncations...), as
         # the general route counts them: taken back here, added again per span.
         _serialize.stats -= counts
         self.counts = counts
-        attrs.update(_serialize._code_attributes(site))
+        attrs.update(_serialize.code_attributes(site))
         items = list(attrs.items())
         parts: list[bytes] = []
         _span_attributes(items, parts)
@@ -113,7 +126,7 @@ class _SharedBlock:
     __slots__ = ("encoded", "keys", "text_len")
 
     def __init__(self, shared: ContextAttributes, pol: _serialize.Policy) -> None:
-        items = list(_context_attributes(shared, pol))
+        items = list(_serialize.context_attributes(shared, pol))
         parts: list[bytes] = []
         _span_attributes(items, parts)
         self.encoded = b"".join(parts)
@@ -257,9 +270,7 @@ class SpanEncoder:
                 chunk = None  # the general route reports what went wrong, as it always does
             if chunk is not None:
                 return with_scope(chunk, span)
-        return with_scope(
-            _otlp.encode_span(_serialize.to_wire(span, self.cfg), self.encoding), span
-        )
+        return with_scope(encode_span(_serialize.to_wire(span, self.cfg), self.encoding), span)
 
     def steps(self, span: Span, flags: int) -> Generator[None, None, bytes]:
         """:meth:`encode` as a generator that returns the chunk, for a :data:`LARGE` or
@@ -272,7 +283,7 @@ class SpanEncoder:
             wire = _serialize.to_wire_or_steps(span, self.cfg)
             if not isinstance(wire, WireSpan):
                 wire = yield from wire
-            return _otlp.encode_span(wire, self.encoding)
+            return encode_span(wire, self.encoding)
         pol, clean = self.pol, flags & CLEAN != 0
         bodies = [b"", b""]
         for i, value in enumerate((span.inputs, span.output)):
@@ -325,7 +336,7 @@ class SpanEncoder:
                 # that attribute's place: the general route keeps that order.
                 return None
             own: dict[str, AttrValue] = {}
-            _serialize._attributes(attributes, pol, own)
+            _serialize.attributes_into(attributes, pol, own)
             items = list(own.items())
             for _, v in items:
                 if type(v) is str:
@@ -340,7 +351,7 @@ class SpanEncoder:
             text_len += len(OI_CHAIN)
         inputs, output = span.inputs, span.output
         if flags & HOOKED:
-            (has_in, inputs), (has_out, output) = _serialize._payloads(span, self.cfg)
+            (has_in, inputs), (has_out, output) = _serialize.payloads(span, self.cfg)
         else:
             has_in, has_out = inputs is not UNSET, output is not UNSET
         if bodies is None:
@@ -362,13 +373,9 @@ class SpanEncoder:
                 payloads.append((INPUT_VALUE, INPUT_MIME_TYPE, body_in))
             if has_out:
                 payloads.append((OUTPUT_VALUE, OUTPUT_MIME_TYPE, body_out))
-            _otlp.payload_attributes(
-                _serialize.capped(payloads, text_len, self.max_span_bytes), parts
-            )
+            payload_attributes(_serialize.capped(payloads, text_len, self.max_span_bytes), parts)
         if span.status_code or span.status_message:
-            parts.append(
-                _otlp.span_tail(span.status_code, span.status_message, span.parent_is_remote)
-            )
+            parts.append(span_tail(span.status_code, span.status_message, span.parent_is_remote))
         else:
             parts.append(_FLAGS[span.parent_is_remote])
         return b"".join(parts)
@@ -394,6 +401,6 @@ def with_scope(chunk: bytes, span: Span) -> bytes:
     process's encoder or a worker's) encoded it."""
     if span.scope is None:
         return chunk
-    scoped = _otlp.ScopedChunk(chunk)
+    scoped = ScopedChunk(chunk)
     scoped.scope = span.scope
     return scoped
