@@ -30,6 +30,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeVar
 
+from .._errors import RequestHeadersError as RequestHeadersError
 from .settings import HttpSettings
 
 if TYPE_CHECKING:
@@ -62,12 +63,6 @@ class Response(NamedTuple):
     status: int
     headers: Mapping[str, str]
     body: bytes
-
-
-class RequestHeadersError(OSError):
-    """The settings' ``headers_provider`` raised, or returned a header that cannot go in a
-    request head: the request is not made, and counts as failed (an OSError, as every failure
-    to get an answer is)."""
 
 
 Verdict = Literal["ok", "retry", "split", "reject"]

@@ -54,6 +54,8 @@ from typing import Any, cast
 import h11
 
 from .._config import check_header
+from .._errors import ProtocolError as ProtocolError
+from .._errors import Unanswered as _Unanswered
 from . import MAX_RESPONSE_BYTES, Response
 from .settings import LOOPBACK_SNDBUF, HttpSettings
 
@@ -80,15 +82,6 @@ MAX_INTERIM = 10
 EVENTS_PER_STEP = 32
 # Requests up to this size go to the transport as one piece (head and body joined).
 _ONE_WRITE_BYTES = 64 * 1024
-
-
-class ProtocolError(ConnectionError):
-    """The server's answer was not HTTP/1.1 this client reads, or passed one of its bounds
-    (an OSError, as every failure to get an answer is)."""
-
-
-class _Unanswered(ConnectionError):
-    """The connection ended before the first byte of an answer."""
 
 
 class _Connection(asyncio.Protocol):

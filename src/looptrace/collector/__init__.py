@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._internals import MissingServerExtra
+
 if TYPE_CHECKING:
     from .app import create_app, serve
 
@@ -28,10 +30,6 @@ def _install_hint() -> str:
 # The command that installs the extra from where looptrace itself came from (a clone's folder,
 # or the extra's packages by name): looptrace[server] may not be on the user's index.
 INSTALL_HINT = _install_hint()
-
-
-class MissingServerExtra(ImportError):
-    """starlette, uvicorn or opentelemetry-proto is not installed."""
 
 
 # The module each distribution of the extra provides, by the name pip knows it by.

@@ -26,7 +26,7 @@ import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
-from ._internals import Store, is_loopback
+from ._internals import CannotListen, Store, is_loopback
 from .api import api_routes
 from .gate import HostGate, TokenGate
 from .live import ChangeWatcher
@@ -118,10 +118,6 @@ def create_app(
     else:
         app.add_middleware(HostGate, allowed=tuple(allowed_hosts))
     return app
-
-
-class CannotListen(OSError):
-    """The collector's address cannot be listened on (taken, not this machine's, no permission)."""
 
 
 def listen(host: str, port: int) -> socket.socket:

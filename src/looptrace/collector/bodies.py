@@ -20,23 +20,14 @@ from __future__ import annotations
 
 import zlib
 
+from ._internals import BodyTooLarge as BodyTooLarge
+from ._internals import DecodeError as DecodeError
+from ._internals import TooManySpans as TooManySpans
 from ._internals import compression as _compression
 
 __all__ = ["DEFAULT_MAX_DECOMPRESSED", "BodyTooLarge", "DecodeError", "TooManySpans", "decompress"]
 
 DEFAULT_MAX_DECOMPRESSED = 64 * 1024 * 1024
-
-
-class DecodeError(ValueError):
-    """A request body is not valid OTLP (bad protobuf, bad JSON, bad compression, too large)."""
-
-
-class TooManySpans(DecodeError):
-    """A request holds more spans than the receiver takes in one request."""
-
-
-class BodyTooLarge(DecodeError):
-    """A request body decompresses to more than the receiver takes."""
 
 
 # Output is taken a chunk at a time, input given a slice at a time: a decompressor keeps the
