@@ -8,6 +8,7 @@ tests drive Debian's headless chromium against the collector serving it.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -178,6 +179,16 @@ def _open(page: Any, path: str) -> None:
     page.wait_for_selector("body[data-ready='1']")
 
 
+def _shot(page: Any, name: str, tmp_path: Path) -> None:
+    """A screenshot: to docs/img/ with LOOPTRACE_SAVE_SCREENSHOTS=1 (how the docs' are made)."""
+    if os.environ.get("LOOPTRACE_SAVE_SCREENSHOTS") == "1":
+        target = Path(__file__).resolve().parent.parent / "docs" / "img" / f"viewer-{name}.png"
+    else:
+        target = tmp_path / f"viewer-{name}.png"
+    page.screenshot(path=str(target))
+    assert target.stat().st_size > 0
+
+
 def _wait_text(page: Any, selector: str, text: str) -> None:
     page.wait_for_function(
         "([s, t]) => document.querySelector(s)?.textContent === t", arg=[selector, text]
@@ -331,7 +342,9 @@ def test_the_experiment_page_pages_its_cases_with_a_repetition_column(page: Any)
 
 @browser_test
 @needs_chromium
-def test_errors_and_scorer_errors_are_apart_and_every_failing_scorer_shows(page: Any) -> None:
+def test_errors_and_scorer_errors_are_apart_and_every_failing_scorer_shows(
+    page: Any, tmp_path: Path
+) -> None:
     """The ERRORS card counts task errors and a SCORER ERRORS card the cases a scorer failed
     on, as the store sums them; filtered to scorer errors, a case on which two scorers raised
     names both."""
@@ -350,6 +363,7 @@ def test_errors_and_scorer_errors_are_apart_and_every_failing_scorer_shows(page:
     assert first.locator("li[data-scorer='judge']").count() == 1
     assert "KeyError: judge" in first.inner_text()
     assert first.locator(".task-error").count() == 0
+    _shot(page, "experiment-errors", tmp_path)
 
     page.select_option("#case-filter", "task_error")
     # The same range as before ("1-4 of 4"): wait for the rows themselves.
@@ -385,7 +399,7 @@ def test_inputs_stay_on_one_line_and_expand_on_click(page: Any) -> None:
 
 @browser_test
 @needs_chromium
-def test_the_scorer_trend_calls_out_a_regression(page: Any) -> None:
+def test_the_scorer_trend_calls_out_a_regression(page: Any, tmp_path: Path) -> None:
     """The last run's page shows each scorer's mean over the runs of the same experiment and
     calls out the one whose mean dropped past the threshold, with the cases that dropped; a
     scorer that moved within the threshold is not called out."""
@@ -405,6 +419,7 @@ def test_the_scorer_trend_calls_out_a_regression(page: Any) -> None:
     assert "regressed" not in (length.get_attribute("class") or "")
     assert "none" in length.inner_text()
     assert accuracy.locator("svg.sparkline polyline").count() == 1
+    _shot(page, "experiment-trend", tmp_path)
 
 
 @browser_test

@@ -121,8 +121,10 @@ function sparkline(values) {
   const h = 28;
   const known = values.filter((v) => typeof v === "number");
   if (known.length < 2) return null;
-  const lo = Math.min(...known);
-  const hi = Math.max(...known);
+  // Scores between 0 and 1 are drawn on that scale, so a small move looks small.
+  const unit = known.every((v) => v >= 0 && v <= 1);
+  const lo = unit ? 0 : Math.min(...known);
+  const hi = unit ? 1 : Math.max(...known);
   const span = hi - lo || 1;
   const pts = values.map((v, i) => typeof v === "number"
     ? `${((i / (values.length - 1)) * (w - 4) + 2).toFixed(1)},${(h - 3 - ((v - lo) / span) * (h - 6)).toFixed(1)}` : null).filter(Boolean);
