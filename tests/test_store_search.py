@@ -131,21 +131,38 @@ def test_search_combines_with_the_other_filters(store: Store) -> None:
     assert _names(store, text="get", since_ns=NOW + 1) == ["GET /items"]
 
 
-def test_search_answers_from_the_index_not_a_scan(store: Store) -> None:
-    """The lookups are ranges of the index's key: SQLite's plan never scans trace_terms."""
-    conn = sqlite3.connect(store.path)
-    from looptrace._store.search import search_filters
+def test_search_answers_from_the_index_not_a_scan(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rare term is read from the index and the list looked up by those traces' rows; a
+    common one is checked per trace with a lookup of the index's key: SQLite's plan never
+    scans the index. Both plans give the same answers."""
+    from looptrace._store import search
 
-    where, params = search_filters([("a", "b")], "word")
-    plan = conn.execute(
-        "EXPLAIN QUERY PLAN SELECT trace_id FROM traces WHERE " + " AND ".join(where), params
-    ).fetchall()
-    conn.close()
-    details = " ".join(str(row[-1]) for row in plan)
-    assert "SEARCH trace_terms USING PRIMARY KEY" in details
-    assert "SEARCH search_terms USING" in details
+    conn = sqlite3.connect(store.path)
+
+    def plan_text(attrs: list[tuple[str, str]], text: str | None) -> tuple[bool, str]:
+        plan = search.search_plan(conn, attrs, text)
+        rows = conn.execute(
+            "EXPLAIN QUERY PLAN SELECT trace_id FROM traces WHERE "
+            + " AND ".join(plan.where)
+            + (" ORDER BY start_ns + 0 DESC" if plan.by_rowid else " ORDER BY start_ns DESC"),
+            plan.params,
+        ).fetchall()
+        return plan.by_rowid, " ".join(str(row[-1]) for row in rows)
+
+    by_rowid, details = plan_text([("http.route", "/search")], "get")
+    assert by_rowid
+    assert "SCAN trace_terms" not in details and "SCAN traces" not in details
+    rare = _names(store, attrs=[("http.route", "/search")], text="get")
+    monkeypatch.setattr(search, "RARE", 0)  # every term counts as common
+    by_rowid, details = plan_text([("http.route", "/search")], "get")
+    assert not by_rowid
     assert "SCAN trace_terms" not in details
-    assert "SCAN search_terms" not in details
+    assert "trace_terms USING PRIMARY KEY" in details
+    assert _names(store, attrs=[("http.route", "/search")], text="get") == rare == ["GET /search"]
+    assert _names(store, text="get") == ["GET /items", "GET /search"]
+    conn.close()
 
 
 def test_deleting_a_trace_removes_it_from_search_and_lists(store: Store) -> None:

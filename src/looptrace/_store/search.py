@@ -135,27 +135,81 @@ def parse_attr(raw: str) -> tuple[str, str]:
     return key, value
 
 
-def search_filters(
-    attrs: Sequence[tuple[str, str]], text: str | None
-) -> tuple[list[str], list[Any]]:
-    """WHERE clauses (on the ``traces`` table) and their parameters for attribute filters and
-    a text search. Every attribute and every word must match (AND); each word of ``text``
-    matches a word that starts with it, so ``time`` finds "timeout"."""
-    where: list[str] = []
-    params: list[Any] = []
+# A term held by at most this many traces is read whole, and the list is looked up by those
+# traces' rows; a commoner one is checked trace by trace while the list is walked newest first
+# (where a page fills long before the walk ends).
+RARE = 5000
+
+
+class SearchPlan:
+    """How ``list_traces`` applies a search: ``where`` clauses and their ``params`` on the
+    ``traces`` table, and whether the candidates are few (``by_rowid``: the list is then read
+    by their rows and sorted, not walked by start time)."""
+
+    __slots__ = ("by_rowid", "params", "where")
+
+    def __init__(self) -> None:
+        self.where: list[str] = []
+        self.params: list[Any] = []
+        self.by_rowid = False
+
+
+def search_plan(
+    conn: sqlite3.Connection, attrs: Sequence[tuple[str, str]], text: str | None
+) -> SearchPlan:
+    """The plan for attribute filters and a text search: every attribute and every word must
+    match (AND); each word of ``text`` matches a word that starts with it, so ``time`` finds
+    "timeout". Each filter is a set of term ids; a filter whose traces number at most
+    ``RARE`` is read whole and the sets intersected in Python, the others become a point
+    lookup per trace walked."""
+    plan = SearchPlan()
+    filters: list[list[int]] = []
     for key, value in attrs:
-        where.append(
-            "traces.rowid IN (SELECT trace_key FROM trace_terms WHERE term_id = "
-            "(SELECT id FROM search_terms WHERE term = ?))"
-        )
-        params.append(attr_term(key, value))
+        row = conn.execute(
+            "SELECT id FROM search_terms WHERE term = ?", (attr_term(key, value),)
+        ).fetchone()
+        filters.append([row[0]] if row else [])
     for word in dict.fromkeys(words(text or "")):
-        where.append(
-            "traces.rowid IN (SELECT trace_key FROM trace_terms WHERE term_id IN "
-            "(SELECT id FROM search_terms WHERE term >= ? AND term < ?))"
+        filters.append(
+            [
+                r[0]
+                for r in conn.execute(
+                    "SELECT id FROM search_terms WHERE term >= ? AND term < ?",
+                    (WORD + word, WORD + word + _TOP),
+                )
+            ]
         )
-        params.extend((WORD + word, WORD + word + _TOP))
-    return where, params
+    if not filters:
+        return plan
+    if any(not ids for ids in filters):
+        plan.where.append("0")  # a term no trace holds: nothing matches
+        return plan
+    found: set[int] | None = None
+    common: list[list[int]] = []
+    for ids in filters:
+        keys = [
+            r[0]
+            for r in conn.execute(
+                "SELECT trace_key FROM trace_terms WHERE term_id IN "
+                "(SELECT value FROM json_each(?)) LIMIT ?",
+                (orjson.dumps(ids).decode(), RARE + 1),
+            )
+        ]
+        if len(keys) > RARE:
+            common.append(ids)
+        else:
+            found = set(keys) if found is None else found & set(keys)
+    if found is not None:
+        plan.by_rowid = True
+        plan.where.append("traces.rowid IN (SELECT value FROM json_each(?))")
+        plan.params.append(orjson.dumps(sorted(found)).decode())
+    for ids in common:
+        plan.where.append(
+            "EXISTS (SELECT 1 FROM trace_terms WHERE trace_key = traces.rowid AND term_id IN "
+            "(SELECT value FROM json_each(?)))"
+        )
+        plan.params.append(orjson.dumps(ids).decode())
+    return plan
 
 
 def trace_terms_of_rows(rows: Iterable[Sequence[Any]]) -> set[str]:
@@ -218,14 +272,14 @@ class TermIndex:
                 (orjson.dumps(list(trace_terms)).decode(),),
             ).fetchall()
         )
-        rows = sorted(
-            {
-                (ids[term], keys[trace_id])
-                for trace_id, terms in trace_terms.items()
-                if trace_id in keys
-                for term in terms
-            }
-        )
+        # Unsorted: the rows land at the end of each term's range, pages the transaction
+        # holds in memory; sorting tuples in Python cost more than it saved.
+        rows = [
+            (ids[term], keys[trace_id])
+            for trace_id, terms in trace_terms.items()
+            if trace_id in keys
+            for term in terms
+        ]
         conn.executemany(
             "INSERT OR IGNORE INTO trace_terms (term_id, trace_key) VALUES (?, ?)", rows
         )

@@ -10,7 +10,7 @@ from .. import _semconv as sc
 from .._wire import DecodedSpan
 from .columns import loads
 from .connection import Connections
-from .search import search_filters
+from .search import search_plan
 from .write import METADATA_LABEL_PREFIX, TAG_LABEL
 
 LAG_SPAN_NAME = "looptrace.loop.lag"
@@ -70,9 +70,6 @@ class TraceReads(Connections):
                 "trace_id IN (SELECT trace_id FROM trace_labels WHERE key = ? AND value = ?)"
             )
             params.extend((key, value))
-        found, found_params = search_filters(attrs, text)
-        where.extend(found)
-        params.extend(found_params)
         if service:
             where.append("service_name = ?")
             params.append(service)
@@ -105,12 +102,18 @@ class TraceReads(Connections):
         if experiment:
             where.append("experiment_id = ?")
             params.append(experiment)
-        sql = TRACE_SELECT
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY start_ns DESC LIMIT ? OFFSET ?"
         with self._reader() as conn:
-            return [trace_dict(r) for r in conn.execute(sql, (*params, limit, offset))]
+            # The search part needs the index to plan (how common each term is).
+            plan = search_plan(conn, attrs, text)
+            sql = TRACE_SELECT
+            if where or plan.where:
+                sql += " WHERE " + " AND ".join([*plan.where, *where])
+            # With few candidates, read them by row and sort them (``+ 0`` keeps SQLite from
+            # walking the start-time index instead); else walk that index, newest first.
+            order = "start_ns + 0" if plan.by_rowid else "start_ns"
+            sql += f" ORDER BY {order} DESC LIMIT ? OFFSET ?"
+            args = (*plan.params, *params, limit, offset)
+            return [trace_dict(r) for r in conn.execute(sql, args)]
 
     def services(self) -> list[str]:
         """The services that have traces, by name (what the trace list's filter offers)."""

@@ -169,10 +169,14 @@ class Writer(Retention):
         self, conn: sqlite3.Connection, spans: Sequence[DecodedSpan], prepared: list[_Prepared]
     ) -> None:
         rows = []
+        # The spans of one request (or one flush) share their resource dict: its id is looked
+        # up once per batch, not serialized and sorted once per span.
+        resources: dict[int, int] = {}
         for span, prep in zip(spans, prepared, strict=True):
-            rows.append(
-                (*prep.params[:13], self._resource_id(conn, span.resource), *prep.params[13:])
-            )
+            rid = resources.get(id(span.resource))
+            if rid is None:
+                rid = resources[id(span.resource)] = self._resource_id(conn, span.resource)
+            rows.append((*prep.params[:13], rid, *prep.params[13:]))
         conn.executemany(_UPSERT_SPAN, rows)
         self._update_traces(conn, list(dict.fromkeys(p.trace_id for p in prepared)))
         # One row per (trace, key, value), however many spans repeat it: the spans of one
