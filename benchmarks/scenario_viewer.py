@@ -377,7 +377,6 @@ def live_latency(base: str, path: Path) -> tuple[float, float]:
     return statistics.median(out), max(out)
 
 
-if __name__ == "__main__":
 SEARCH_TRACES = 100_000
 
 
@@ -471,5 +470,6 @@ def search_at_scale() -> None:
         thread.join(10)
 
 
+if __name__ == "__main__":
     main()
     search_at_scale()
