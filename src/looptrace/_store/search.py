@@ -14,9 +14,9 @@ over the index (several times cheaper than keying by the trace id's text). A ter
                             ``MAX_WORD`` characters) of a span's name, status message, string
                             attribute values, or an exception event's type and message
 
-Payloads (``input.value``, ``output.value``) and resource attributes are not indexed: the
-first can be megabytes, the second are the same for every span of a process (the service has
-its own filter). Only the first ``MAX_TEXT`` characters of a value give words.
+Payloads (``input.value``, ``output.value``), their ``*.mime_type`` and resource attributes
+are not indexed: payloads can be megabytes, their format says nothing, and the resource is the
+same for every span of a process (the service has its own filter). Only the first ``MAX_TEXT`` characters of a value give words.
 
 The terms of a span are made in ``write._prepare``, outside the write lock (the terms of a
 repeated attribute value come from a bounded cache), deduplicated per trace and batch, and
@@ -67,6 +67,9 @@ def words(text: str) -> list[str]:
 _ATTR_CACHE: dict[tuple[str, Any], tuple[str, ...]] = {}
 _ATTR_CACHE_MAX = 8192
 _CACHEABLE = 64
+# Format metadata on every span with a payload (application/json): three index rows per span
+# that no one searches for.
+_UNINDEXED = frozenset({sc.INPUT_MIME_TYPE, sc.OUTPUT_MIME_TYPE})
 
 
 def _attr_terms(key: str, value: Any) -> tuple[str, ...]:
@@ -102,6 +105,8 @@ def span_terms(
     if status_message:
         terms.update(WORD + w for w in words(status_message))
     for item in attributes.items():
+        if item[0] in _UNINDEXED:
+            continue
         value = item[1]
         if type(value) is str and len(value) <= _CACHEABLE:
             found = cache.get(item)
