@@ -7,14 +7,16 @@ Either way each run becomes a span, parented by LangChain's ``parent_run_id`` (s
 branches and LangGraph's nodes nest as they ran) and, for a top-level run, under the caller's
 active looptrace span:
 
-    chain / runnable / graph / node   {run name}            CHAIN      inputs, outputs, node
+    chain / runnable / graph / node   {run name}            CHAIN      inputs, outputs (long
+                                                                       lists summarized), node
     chat model                        chat {model}          LLM        messages, tokens, cost
     LLM (text completion)             text_completion {model}  LLM
     tool                              execute_tool {name}   TOOL       arguments, result, call id
     retriever                         retrieval {name}      RETRIEVER  query, documents
 
 Each span is the active looptrace span while its run runs, so an instrumented SDK call or a
-``@traced`` function inside a tool or a node nests under it.
+``@traced`` function inside a tool or a node nests under it. A run's ``tags`` and ``metadata``
+become looptrace's tags, session, user and metadata on its spans.
 
 The handler runs inline (``run_inline``): LangChain calls it on the caller's thread or event
 loop, without a hop to a thread pool, and each callback only creates, fills or ends a span and
