@@ -170,11 +170,21 @@ def _migrate_to_3(conn: sqlite3.Connection) -> None:
     backfill_v3(conn)
 
 
+# Version 4: an experiment's cases (the roots that carry a case index) in case order, so its
+# counts and a page of its cases far down read the cases alone, not their children's rows.
+def _migrate_to_4(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        "CREATE INDEX IF NOT EXISTS spans_case_roots ON spans (experiment_id, case_index, "
+        "start_ns) WHERE parent_span_id IS NULL AND case_index IS NOT NULL"
+    )
+
+
 # _MIGRATIONS[i] takes a file at schema version i to version i + 1. Append, never edit.
 _MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _migrate_to_1,
     _migrate_to_2,
     _migrate_to_3,
+    _migrate_to_4,
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 

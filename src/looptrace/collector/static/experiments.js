@@ -190,9 +190,10 @@ async function experimentPage(experimentId) {
     if (state.filter) p.set("filter", state.filter);
     return `${base}?${p}`;
   };
-  // The trend comes after the first paint: the cases and their summary do not wait for it.
-  const trendRequest = api(`${base}/trend?runs=${TREND_RUNS}`).catch(() => null);
   const e = await api(pageUrl());
+  // The trend is asked for once the cases are here: the first paint neither waits for it nor
+  // shares the collector with it.
+  const trendRequest = api(`${base}/trend?runs=${TREND_RUNS}`).catch(() => null);
   const names = Object.keys(e.scores || {}).sort();
   const withTokens = Boolean(e.input_tokens || e.output_tokens);
   const withCost = e.cost_usd != null;
