@@ -105,14 +105,12 @@ class TraceReads(Connections):
         with self._reader() as conn:
             # The search part needs the index to plan (how common each term is).
             plan = search_plan(conn, attrs, text)
-            sql = TRACE_SELECT
+            sql = plan.source(TRACE_COLUMNS)
             if where or plan.where:
                 sql += " WHERE " + " AND ".join([*plan.where, *where])
-            # With few candidates, read them by row and sort them (``+ 0`` keeps SQLite from
-            # walking the start-time index instead); else walk that index, newest first.
-            order = "start_ns + 0" if plan.by_rowid else "start_ns"
-            sql += f" ORDER BY {order} DESC LIMIT ? OFFSET ?"
-            args = (*plan.params, *params, limit, offset)
+            sql += " ORDER BY start_ns DESC LIMIT ? OFFSET ?"
+            found = () if plan.found is None else (plan.found,)
+            args = (*found, *plan.params, *params, limit, offset)
             return [trace_dict(r) for r in conn.execute(sql, args)]
 
     def services(self) -> list[str]:
