@@ -68,10 +68,14 @@ function caseCell(value, size, kind) {
   const td = el("td", { className: `payload clip ${kind}` });
   if (value === null || value === undefined) return td;
   const cut = (size ?? 0) > value.length;
-  const details = el("details", {},
-    el("summary", { title: "show all" }, compact(value)),
-    el("pre", { className: "json" }, pretty(value)),
-    cut ? el("p", { className: "muted" }, `the first ${value.length.toLocaleString()} of ${size.toLocaleString()} characters; the trace has all of it`) : null);
+  // One line as the value came (the store keeps compact JSON); the indented form is made on
+  // the first opening, not for each of a page's hundreds of cells.
+  const details = el("details", {}, el("summary", { title: "show all" }, value));
+  details.addEventListener("toggle", () => {
+    if (!details.open || details.querySelector("pre")) return;
+    append(details, [el("pre", { className: "json" }, pretty(value)),
+      cut ? el("p", { className: "muted" }, `the first ${value.length.toLocaleString()} of ${size.toLocaleString()} characters; the trace has all of it`) : null]);
+  });
   td.appendChild(details);
   return td;
 }
