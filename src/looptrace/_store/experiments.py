@@ -376,20 +376,19 @@ def _regression(
         "SELECT case_index, avg(value) AS v FROM scores WHERE experiment_id = ? AND name = ? "
         "AND value IS NOT NULL AND case_index IS NOT NULL GROUP BY case_index"
     )
-    dropped = (
-        f"FROM ({per_case}) AS p JOIN ({per_case}) AS c USING (case_index) WHERE c.v < p.v - ?"
-    )
-    args = (prev["id"], score, cur["id"], score, threshold)
-    count = conn.execute(f"SELECT count(*) {dropped}", args).fetchone()[0]
+    # The worst cases and, on each row, how many dropped in all: one pass, not two.
     worst = conn.execute(
-        f"SELECT case_index, p.v, c.v {dropped} ORDER BY c.v - p.v, case_index LIMIT ?",
-        (*args, max_cases),
+        f"SELECT case_index, p.v, c.v, count(*) OVER () FROM ({per_case}) AS p "
+        f"JOIN ({per_case}) AS c USING (case_index) WHERE c.v < p.v - ? "
+        "ORDER BY c.v - p.v, case_index LIMIT ?",
+        (prev["id"], score, cur["id"], score, threshold, max_cases),
     ).fetchall()
+    count = worst[0][3] if worst else 0
     return {
         "previous_mean": before,
         "mean": after,
         "delta": delta,
         "mean_regressed": delta is not None and delta < -threshold,
         "cases_dropped": count,
-        "dropped": [{"case_index": i, "previous": p, "score": c} for i, p, c in worst],
+        "dropped": [{"case_index": i, "previous": p, "score": c} for i, p, c, _ in worst],
     }
