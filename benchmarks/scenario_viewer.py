@@ -378,5 +378,99 @@ def live_latency(base: str, path: Path) -> tuple[float, float]:
     return statistics.median(out), max(out)
 
 
+SEARCH_TRACES = 100_000
+
+
+def search_at_scale() -> None:
+    """Search at 100,000 traces (three spans each: a route, a user among 1,000, a request id of
+    its own, one trace in 100 failing with an error message): the store's fill time with the
+    search index, then ``/api/traces`` answering attribute and text searches, alone and with
+    other filters (median and max of several requests, ms; how many traces matched)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "search.db"
+        base = time.time_ns() - SEARCH_TRACES * 10**9
+        t0 = time.perf_counter()
+        with Store(path) as store:
+            batch: list[DecodedSpan] = []
+            for t in range(1, SEARCH_TRACES + 1):
+                start = base + t * 10**9
+                failed = t % 100 == 0
+                batch.append(
+                    _span(
+                        0x5000000 + t,
+                        1,
+                        None,
+                        f"GET /r/{t % 20}",
+                        start,
+                        start + 20_000_000,
+                        {
+                            "http.route": f"/r/{t % 20}",
+                            "user.id": f"u-{t % 1000}",
+                            "request.id": f"req-{t:08d}",
+                        },
+                        status=2 if failed else 0,
+                    )
+                )
+                for s in (2, 3):
+                    batch.append(
+                        _span(
+                            0x5000000 + t,
+                            s,
+                            1,
+                            "db.query" if s == 2 else "render",
+                            start + s * 10**6,
+                            start + s * 10**6 + 10**6,
+                            {"db.system": "sqlite"} if s == 2 else {"template": "page.html"},
+                            status=2 if failed and s == 2 else 0,
+                        )
+                    )
+                if failed:
+                    batch[-2].status_message = f"database is locked after {t} retries"
+                if len(batch) >= 6000:
+                    store.write(batch)
+                    batch = []
+            store.write(batch)
+            fill = time.perf_counter() - t0
+            stats = store.stats()
+        print(
+            f"\nsearch at scale: {stats['traces']:,} traces, {stats['spans']:,} spans, "
+            f"{stats['bytes'] / 2**20:.1f} MiB with the search index, filled in {fill:.1f} s "
+            f"({stats['spans'] / fill:,.0f} spans/s through Store.write)"
+        )
+        server, thread, url = serve(path)
+        queries = [
+            ("attr, 100 matches (user.id=u-7)", "attr=user.id%3Du-7"),
+            ("attr, 5,000 matches (http.route)", "attr=http.route%3D/r/3"),
+            ("attr, one match (request.id)", "attr=request.id%3Dreq-00050000"),
+            ("attr, no match", "attr=user.id%3Dnobody"),
+            ("two attrs (route and user)", "attr=http.route%3D/r/7&attr=user.id%3Du-7"),
+            ("text, 1,000 matches (locked)", "q=locked"),
+            ("text, every trace (db)", "q=db"),
+            ("text, a word prefix (retr)", "q=retr"),
+            ("text + status=error + last day", "q=locked&status=error&range=86400"),
+            (
+                "attr + service + min duration",
+                "attr=user.id%3Du-7&service=bench&min_duration_ms=10",
+            ),
+        ]
+        paths = [(label, f"/api/traces?limit=51&{q}") for label, q in queries]
+        with httpx.Client(base_url=url) as client:
+            counts = {label: len(client.get(p).json()["traces"]) for label, p in paths}
+        print(f"JSON API (median and max of {REPEATS} requests, ms; traces on the first page)")
+        print(f"{'request':<36}{'median':>9}{'max':>9}{'listed':>8}")
+        for label, med, worst in time_api(url, paths):
+            print(f"{label:<36}{med:>9.1f}{worst:>9.1f}{counts[label]:>8}")
+        if CHROMIUM.exists():
+            for label, med, worst, wall in time_pages(
+                url, [("traces, searched", "/?q=locked&attr=http.route%3D/r/0")]
+            ):
+                print(
+                    f"page load: {label}: median {med:.0f} ms, max {worst:.0f} ms (driver {wall:.0f})"
+                )
+        server.should_exit = True
+        thread.join(10)
+
+
 if __name__ == "__main__":
     main()
+    search_at_scale()
