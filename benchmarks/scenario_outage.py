@@ -2,7 +2,11 @@
 
 The backend (an OTLP/HTTP sink in another process) answers 503 for the first 3 s of the run
 while the application emits 2,000 spans evenly over those 3 s, then answers 200 again; with
-``--retry-after 2`` it answers 429 with ``Retry-After: 2`` instead (a rate limit). Per row:
+``--retry-after 2`` it answers 429 with ``Retry-After: 2`` instead (a rate limit), and the
+spans are emitted over the outage plus the Retry-After (5 s), so that a client that honours the
+header can have delivered the backlog before emission ends; the row then also says how late the
+first request after each 429 came, past the time its Retry-After allowed (negative: early, the
+header not honoured). Per row:
 how long after the last span was emitted the last one arrived, how many requests the backend
 was handling at once while it failed (once the first failure was answered), how many spans
 never arrived and how many arrived twice. Rounds alternate the rows.
@@ -40,6 +44,8 @@ def sink_main() -> None:
     def reset(seconds: float, retry_after: str | None = None) -> None:
         state.update(
             retry_after=retry_after,
+            due=None,
+            late=[],
             fail_until=time.monotonic() + seconds,
             first_failure_answered=None,
             active=0,
@@ -59,6 +65,9 @@ def sink_main() -> None:
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             with lock:
+                if state["due"] is not None:
+                    state["late"].append(time.monotonic() - state["due"])
+                    state["due"] = None
                 state["active"] += 1
                 failing = time.monotonic() < state["fail_until"]
                 if failing and state["first_failure_answered"] is not None:
@@ -83,6 +92,8 @@ def sink_main() -> None:
                 self.send_response(status)
                 if status == 429:
                     self.send_header("Retry-After", state["retry_after"])
+                    with lock:
+                        state["due"] = time.monotonic() + float(state["retry_after"])
                 self.send_header("Content-Length", "0")
                 self.end_headers()
             finally:
@@ -102,6 +113,7 @@ def sink_main() -> None:
                     "twice": sum(1 for n in seen.values() if n > 1),
                     "most_while_failing": state["most_while_failing"],
                     "last_accepted": state["last_accepted"],
+                    "late": state["late"],
                 }
             payload = json.dumps(stats).encode()
             self.send_response(200)
@@ -165,6 +177,9 @@ def main() -> None:
     parser.add_argument(
         "--retry-after", help="answer 429 with this Retry-After (seconds) instead of 503"
     )
+    parser.add_argument(
+        "--emit", type=float, help="seconds of emission (default: the outage, plus the Retry-After)"
+    )
     args = parser.parse_args()
     if args.sink:
         sink_main()
@@ -190,12 +205,15 @@ def main() -> None:
     fail_path = f"/fail/{args.outage}" + (
         "" if args.retry_after is None else f"/{args.retry_after}"
     )
+    emit = args.emit or args.outage + float(args.retry_after or 0)
+    late_column = args.retry_after is not None
     print(
         f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs: {args.spans} spans over "
-        f"{args.outage} s while the backend answers {failing}, then 200"
+        f"{emit:g} s; the backend answers {failing} for {args.outage:g} s, then 200"
     )
     print(
-        f"{'':<22}{'last span after emission (s)':>30}{'at once while failing':>24}{'lost':>7}{'twice':>7}"
+        f"{'':<22}{'last span after emission (s)':>30}{'at once while failing':>24}{'lost':>7}"
+        f"{'twice':>7}" + (f"{'retries past Retry-After (ms)':>32}" if late_column else "")
     )
     results: dict[str, list[float]] = {}
     try:
@@ -210,7 +228,7 @@ def main() -> None:
                         "looptrace" if kind == "looptrace" else "otel",
                         base + "/v1/traces",
                         str(args.spans),
-                        str(args.outage),
+                        str(emit),
                     ],
                     capture_output=True,
                     text=True,
@@ -221,9 +239,11 @@ def main() -> None:
                 stats = get("/stats")
                 after = stats["last_accepted"] - emitted if stats["unique"] else float("nan")
                 results.setdefault(kind, []).append(after)
+                late = ", ".join(f"{x * 1000:.0f}" for x in stats["late"]) or "-"
                 print(
                     f"{kind + ' #' + str(r + 1):<22}{after:>30.3f}{stats['most_while_failing']:>24}"
-                    f"{args.spans - stats['unique']:>7}{stats['twice']:>7}",
+                    f"{args.spans - stats['unique']:>7}{stats['twice']:>7}"
+                    + (f"{late:>32}" if late_column else ""),
                     flush=True,
                 )
         for kind, got in results.items():

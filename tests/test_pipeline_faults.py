@@ -105,6 +105,32 @@ async def test_429_with_retry_after_waits_that_long(server: OtlpTestServer) -> N
     assert server.accepted_span_count == 5
 
 
+async def test_a_retry_goes_when_retry_after_says_and_the_backlog_right_after_it(
+    server: OtlpTestServer,
+) -> None:
+    """A retry goes when the server's Retry-After allows, not at the next flush interval, and
+    the first success sends what queued meanwhile at once. With a 10 s flush interval and
+    Retry-After: 1, spans that end during the wait (a wake-up for the flusher, which used to
+    leave it asleep for a whole interval past the Retry-After) change nothing: the retry comes
+    after the second, never before it, and the backlog follows the retry's answer rather than
+    the interval."""
+    use(server, flush_interval=10.0)
+    server.fail_next(429, retry_after="1")
+    make_spans(5, prefix="first")
+    flushing = asyncio.ensure_future(looptrace.flush(30))
+    assert await asyncio.to_thread(server.wait_for_requests, 1, 10)
+    make_spans(5, prefix="meanwhile")
+    assert (await flushing).ok
+    assert await asyncio.to_thread(server.wait_for_spans, 10, 8)
+    assert server.statuses()[:2] == [429, 200]
+    retry_wait = server.times[1] - server.times[0]
+    assert 0.95 <= retry_wait < 5.0  # the Retry-After, far from the 10 s interval
+    assert server.times[-1] - server.times[1] < 5.0  # the backlog: woken by the success
+    assert sorted(server.span_names()) == sorted(
+        [f"first{i}" for i in range(5)] + [f"meanwhile{i}" for i in range(5)]
+    )
+
+
 async def test_429_without_retry_after_is_retried(server: OtlpTestServer) -> None:
     """A bare 429 (and 408, 500, 502, 504) is retried with jittered backoff."""
     use(server)
@@ -191,10 +217,10 @@ async def test_retry_budget_bounds_an_outage(server: OtlpTestServer) -> None:
 
 
 def test_a_flood_overruns_the_buffer_with_exact_drop_counts(server: OtlpTestServer) -> None:
-    """With the server stalled, a flood past max_buffer_spans drops the oldest pending spans;
-    every span is either sent or counted as buffer_full, and the buffer never exceeds its
-    bounds."""
-    use(server, max_buffer_spans=1000, max_batch_spans=100, max_concurrent_requests=1)
+    """With the server stalled and no spool, a flood past max_buffer_spans drops the oldest
+    pending spans; every span is either sent or counted as buffer_full, and the buffer never
+    exceeds its bounds."""
+    use(server, max_buffer_spans=1000, max_batch_spans=100, max_concurrent_requests=1, spool=False)
     server.hold()
     total = 20_000
     worst_queued = 0
@@ -220,8 +246,15 @@ def test_a_flood_overruns_the_buffer_with_exact_drop_counts(server: OtlpTestServ
 
 
 def test_the_buffer_is_bounded_in_bytes(server: OtlpTestServer) -> None:
-    """max_buffer_bytes bounds the pending bytes; overflow is counted as buffer_full."""
-    use(server, max_buffer_bytes=200_000, max_concurrent_requests=1, max_batch_spans=10)
+    """max_buffer_bytes bounds the pending bytes; overflow is counted as buffer_full (no
+    spool)."""
+    use(
+        server,
+        max_buffer_bytes=200_000,
+        max_concurrent_requests=1,
+        max_batch_spans=10,
+        spool=False,
+    )
     server.hold()
     for i in range(2_000):
         with looptrace.span(f"b{i}") as s:
@@ -232,6 +265,36 @@ def test_the_buffer_is_bounded_in_bytes(server: OtlpTestServer) -> None:
     stats = looptrace.statistics()
     assert stats.dropped["buffer_full"] > 0
     assert stats.spans_sent + stats.dropped["buffer_full"] == 2_000
+
+
+async def test_a_backend_slower_than_the_spans_gets_what_the_budget_cannot_hold_via_the_spool(
+    server: OtlpTestServer, tmp_path: Path
+) -> None:
+    """A backend that answers, but slower than spans come, takes every request slot; the
+    pending spans over half the buffer's budget then go to the spool rather than being dropped,
+    the buffer stays within its bound, and every span is sent, spooled or counted."""
+    use(
+        server,
+        max_buffer_bytes=200_000,
+        max_concurrent_requests=1,
+        max_batch_spans=20,
+        spool_dir=tmp_path,
+        flush_interval=0.02,
+    )
+    server.hold()
+    total = 0
+    while looptrace.statistics().spooled == 0 and total < 20_000:
+        for _ in range(20):
+            with looptrace.span(f"s{total}") as s:
+                s.set_attribute("payload", "x" * 1_000)
+            total += 1
+        assert looptrace.statistics().queued_bytes <= 200_000
+        await asyncio.sleep(0.005)  # the flusher's turn, as an application's loop gives it
+    assert looptrace.statistics().spooled > 0
+    server.release()
+    await looptrace.flush(10)
+    stats = looptrace.statistics()
+    assert stats.spans_sent + stats.spooled + stats.dropped_total == total
 
 
 async def test_backpressure_waits_for_bytes_in_flight_not_bytes_sent(

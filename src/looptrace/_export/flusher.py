@@ -219,17 +219,12 @@ class Flusher:
                     await event.wait()
                 event.clear()
                 if not home.urgent:
-                    await wait_event(event, interval)  # let a batch gather
+                    await wait_event(event, self._until_retry(interval))  # let a batch gather
             else:
                 timeout = interval
                 if tracking and self.roots:
                     timeout = min(timeout, self.roots.due_in())
-                backoff = health.retry_at - time.monotonic()
-                if backoff > 0:
-                    # A retry falls due before the batch would have gathered: it goes at its
-                    # time (a server's Retry-After to the millisecond), not at the interval's.
-                    timeout = min(timeout, backoff)
-                await wait_event(event, timeout)
+                await wait_event(event, self._until_retry(timeout))
             event.clear()
             backoff = health.retry_at - time.monotonic()
             if backoff > 0:
@@ -237,6 +232,12 @@ class Flusher:
                 event.clear()
             home.urgent = False
             await self._drain(home)
+
+    def _until_retry(self, timeout: float) -> float:
+        """``timeout``, cut short by a retry that falls due first: it goes at its time (a
+        server's Retry-After to the millisecond), not when a batch would have gathered."""
+        backoff = self.health.retry_at - time.monotonic()
+        return min(timeout, backoff) if backoff > 0 else timeout
 
     async def _drain(self, home: Home) -> None:
         """Send everything pending now, as slots free up; never wait for a request otherwise."""
@@ -259,7 +260,7 @@ class Flusher:
                 # The backend is failing: one request probes it at a time. Its answer wakes
                 # this flusher; a success sends everything queued at once.
                 return
-            await slots.acquire()
+            await self._acquire_slot(home)
             batch = self.buffer.take_retry()
             if batch is None:
                 batch = self.buffer.take(cfg.max_batch_spans, cfg.max_batch_bytes, end)
@@ -281,6 +282,25 @@ class Flusher:
                 if i:
                     await slots.acquire()
                 self._spawn(home, piece)
+
+    async def _acquire_slot(self, home: Home) -> None:
+        """A request slot. While every slot is taken (the backend answers slower than spans
+        come) and there is a spool, the flusher looks again at each flush interval, or as
+        soon as a sender frees a slot, and what the buffer's budget cannot hold goes to the
+        spool rather than to a drop."""
+        assert home.slots is not None and home.event is not None
+        slots, spool = home.slots, self.spool
+        while spool is not None and slots.locked():
+            await spool.relieve(saturated=True)
+            if not slots.locked():
+                break
+            home.awaiting_slot = True
+            try:
+                await wait_event(home.event, self.cfg.flush_interval)
+            finally:
+                home.awaiting_slot = False
+            home.event.clear()
+        await slots.acquire()
 
     def _spawn(self, home: Home, batch: Batch) -> None:
         assert home.loop is not None
@@ -345,7 +365,7 @@ class Flusher:
         finally:
             home.sending.discard(batch)
             home.slots.release()  # a drain waiting for a slot goes on by itself
-            if home.event is not None and (wake or self.lifecycle.closing):
+            if home.event is not None and (wake or self.lifecycle.closing or home.awaiting_slot):
                 # A batch came back, the backend's health changed, a worker sent the span, or
                 # a shutdown waits for the last answer. The success of a batch this loop sent
                 # wakes nobody: were it to start a drain, the spans that ended meanwhile would

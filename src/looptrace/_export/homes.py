@@ -95,6 +95,7 @@ class Home:
         self.sending: set[Batch] = set()
         self.session: Session | None = None  # the exporter on this loop
         self.urgent = False  # drain now: a flush or shutdown is waiting
+        self.awaiting_slot = False  # a drain waits for a request slot: a sender wakes it
         self.stopping = False  # cancelled on purpose: do not hand work to another home
         self.done = threading.Event()
 

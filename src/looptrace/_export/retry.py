@@ -2,7 +2,9 @@
 it is failing (then one request at a time probes it), and the request counters.
 
 The wait after a failure comes from a :class:`~looptrace._transport.RetryPolicy` (full jitter,
-never longer than a fifth of the outage so far, the destination's Retry-After as a floor); a
+never longer than a fifth of the outage so far), unless the destination said how long to wait
+(HTTP ``Retry-After``): then the next request goes when it said, no sooner and no later, since
+the jitter, which spreads clients that failed together, is the server's to choose then. A
 batch whose next attempt would fall past the retry budget, counted from its first failure, is
 given up. The first success ends the outage at once: what is queued goes out as fast as the
 in-flight limit allows, not at the backoff's pace.
@@ -79,7 +81,10 @@ class Health:
             started = since is None
             if since is None:
                 since = self.failing_since = now
-            delay = self.policy.delay(self._consecutive_failures, retry_after, now - since)
+            if retry_after is not None:
+                delay = retry_after
+            else:
+                delay = self.policy.delay(self._consecutive_failures, None, now - since)
             if self._give_up:
                 verdict: str | None = "shutdown"
             elif now + delay - first_failure > self.policy.budget:

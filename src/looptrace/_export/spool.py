@@ -170,19 +170,22 @@ class Spool:
             work()
         return True
 
-    async def relieve(self) -> None:
+    async def relieve(self, saturated: bool = False) -> None:
         """At each drain: while the backend fails, spill the oldest pending spans, down to
-        half the buffer's budget; all of them when shutting down or in durable mode."""
+        half the buffer's budget; all of them when shutting down or in durable mode. With
+        ``saturated`` (every request slot taken: a backend that answers, but slower than
+        spans come) the same spill down to half the budget, so that what the buffer's budget
+        cannot hold goes here rather than being dropped."""
         if self._replayer is None and not self._closed:
             self._replayer = Replayer(self)
             self._replayer.start()
         flusher = self.flusher
-        if not flusher.health.failing:
+        if not flusher.health.failing and not saturated:
             return
-        closing = not flusher.lifecycle.running
+        closing = flusher.health.failing and not flusher.lifecycle.running
         if closing:
             flusher.health.closing()  # the rest gives up at once: it goes here
-        everything = closing or self.durable
+        everything = closing or (self.durable and flusher.health.failing)
         buffer, cfg = flusher.buffer, self.cfg
         while buffer.has_pending() and (
             everything
