@@ -235,6 +235,11 @@ def _prepare(cfg: Config) -> None:
     # A start-up step: import the export modules here, once, rather than in a worker thread
     # during the first drain, where an import holds the GIL against the application's loop
     # for tens of milliseconds.
+    global _prepared_for
+    if cfg is _prepared_for:
+        # Config.from_env() returns the same settings while the variables are unchanged: the
+        # first span's configure() would redo @traced's preparation (60 us for an endpoint).
+        return
     from .. import _serialize
     from .._otlp import span_encoder  # noqa: F401
 
@@ -253,9 +258,11 @@ def _prepare(cfg: Config) -> None:
         # The pipeline is built when the first span starts, on the caller's thread: importing
         # the exporter (sqlite3 with it) there cost the first traced call 6-7 ms.
         from . import store  # noqa: F401
+    _prepared_for = cfg
 
 
 _prepared = False
+_prepared_for: Config | None = None
 
 
 def prepare_ahead() -> None:
