@@ -34,6 +34,8 @@ from looptrace._otlp import (
     encode_request,
     encode_span,
 )
+from looptrace._otlp import compression as otlp_compression
+from looptrace._otlp import pb as otlp_pb
 from looptrace._wire import Attributes, DecodedSpan, WireEvent, WireLink, WireSpan
 from looptrace.collector.bodies import DecodeError, TooManySpans, decompress
 from looptrace.collector.decode import decode_request
@@ -289,14 +291,14 @@ def test_repeated_attributes_encode_identically_and_cache_is_bounded() -> None:
     span = make_span([("code.function", "f"), ("k", "v")])
     first = encode_span(span, "protobuf")
     assert encode_span(span, "protobuf") == first
-    limit = max(_otlp._ATTR_CACHE_MAX, _otlp._KEY_CACHE_MAX, _otlp._NAME_CACHE_MAX)
+    limit = max(otlp_pb._ATTR_CACHE_MAX, otlp_pb._KEY_CACHE_MAX, otlp_pb._NAME_CACHE_MAX)
     for i in range(limit + 10):
         other = make_span([(f"key{i}", f"value{i}")])
         other.name = f"name{i}"
         encode_span(other, "protobuf")
-    assert len(_otlp._ATTR_CACHE) <= _otlp._ATTR_CACHE_MAX
-    assert len(_otlp._KEY_CACHE) <= _otlp._KEY_CACHE_MAX
-    assert len(_otlp._NAME_CACHE) <= _otlp._NAME_CACHE_MAX
+    assert len(otlp_pb._ATTR_CACHE) <= otlp_pb._ATTR_CACHE_MAX
+    assert len(otlp_pb._KEY_CACHE) <= otlp_pb._KEY_CACHE_MAX
+    assert len(otlp_pb._NAME_CACHE) <= otlp_pb._NAME_CACHE_MAX
     [decoded] = decode_request(
         encode_request([encode_span(other, "protobuf")], RESOURCE, "protobuf"),
         "application/x-protobuf",
@@ -932,9 +934,11 @@ def test_compression_probe_decides_as_the_whole_body_would(kind: str) -> None:
     body = _bodies()[kind]
     assert len(body) >= _otlp.PROBE_FROM_BYTES
     whole = len(zlib.compress(body, _otlp.GZIP_LEVEL)) / len(body)
-    assert abs(whole - _otlp._WORTH_IT) > 0.05, "a body this close to the line proves nothing"
+    assert abs(whole - otlp_compression._WORTH_IT) > 0.05, (
+        "a body this close to the line proves nothing"
+    )
     packed, enc = compress(body, "gzip")
-    if whole < _otlp._WORTH_IT:
+    if whole < otlp_compression._WORTH_IT:
         assert enc == "gzip"
         assert gzip.decompress(packed) == body
     else:
@@ -977,9 +981,9 @@ def test_compression_of_pieces_decides_and_packs_as_the_whole_body(
     body = text + b"}" * 300_000
     bounds = sorted({0, len(body), *(c for c in cuts if c < len(body))})
     pieces = [body[a:b] for a, b in itertools.pairwise(bounds)] + [b""]
-    assert _otlp._worth_compressing(pieces, len(body)) == _otlp._worth_compressing(
-        [body], len(body)
-    )
+    assert otlp_compression._worth_compressing(
+        pieces, len(body)
+    ) == otlp_compression._worth_compressing([body], len(body))
     packed, enc = _otlp.compress_pieces(pieces, "gzip")
     assert (b"".join(packed), enc) == compress(body, "gzip")
 

@@ -17,6 +17,9 @@ so the client needs no protobuf runtime and encodes each span in one pass; field
 concatenation of already-encoded spans, so the batcher can count exact bytes and split a batch
 without re-serializing anything. Encoding never raises for values a :class:`WireSpan` may
 hold. The client decodes nothing: receiving is the collector's (``looptrace.collector.decode``).
+
+``span_encoder`` (the exporter's per-span step, straight from a span) is not imported here: it
+reads capture's spans, which a worker process, encoding with this package, has none of.
 """
 
 from __future__ import annotations
@@ -30,22 +33,14 @@ from ._common import (
     EncodingName,
 )
 from .compression import (
-    _WORTH_IT,
     GZIP_LEVEL,
     PROBE_FROM_BYTES,
     ZSTD_LEVEL,
-    _worth_compressing,
     compress,
     compress_body,
     compress_pieces,
 )
 from .pb import (
-    _ATTR_CACHE,
-    _ATTR_CACHE_MAX,
-    _KEY_CACHE,
-    _KEY_CACHE_MAX,
-    _NAME_CACHE,
-    _NAME_CACHE_MAX,
     MIME_PIECE,
     payload_attributes,
     span_attributes,
@@ -74,17 +69,9 @@ __all__ = [
     "PROBE_FROM_BYTES",
     "PROTOBUF_CONTENT_TYPE",
     "ZSTD_LEVEL",
-    "_ATTR_CACHE",
-    "_ATTR_CACHE_MAX",
-    "_KEY_CACHE",
-    "_KEY_CACHE_MAX",
-    "_NAME_CACHE",
-    "_NAME_CACHE_MAX",
-    "_WORTH_IT",
     "EncodingName",
     "Resource",
     "ScopedChunk",
-    "_worth_compressing",
     "compress",
     "compress_body",
     "compress_pieces",
