@@ -161,6 +161,9 @@ def _fields(value: Any) -> dict[str, Any] | None:
     return {name: getattr(value, name, None) for name in fields}
 
 
+_IS_MESSAGE: dict[type, bool] = {}
+
+
 class _Walk:
     __slots__ = ("convert", "left")
 
@@ -173,7 +176,12 @@ class _Walk:
         if cls is str or cls is int or cls is float or cls is bool or value is None:
             return value
         self.left -= 1
-        if isinstance(value, BaseMessage):
+        is_message = _IS_MESSAGE.get(cls)
+        if is_message is None:
+            # Asked once per class: isinstance on a pydantic model goes through pydantic's
+            # metaclass, in Python.
+            is_message = _IS_MESSAGE[cls] = issubclass(cls, BaseMessage)
+        if is_message:
             # In the conventions' shape, as the LLM spans record it (converted once per
             # message, see _Converted): plain dicts the exporter serializes quickly.
             return self.convert(value) if self.convert is not None else value
@@ -227,6 +235,24 @@ _OWN_METADATA_KEYS = frozenset(("checkpoint_ns", "revision_id", *_SESSION_KEYS, 
 _VALUES_MAX = 256
 
 
+# Whether a tag or a metadata key is the application's (True) or LangChain's own (False),
+# learned once per string: a graph's runs repeat the same few; when full, it starts over.
+_FRAMEWORK_TAGS: dict[str, bool] = {}
+_FRAMEWORK_KEYS: dict[str, bool] = {}
+
+
+def _ours(name: Any, prefixes: tuple[str, ...], learned: dict[str, bool]) -> bool:
+    if type(name) is not str:
+        return False
+    hit = learned.get(name)
+    if hit is None:
+        hit = name not in _OWN_METADATA_KEYS and not name.startswith(prefixes)
+        if len(learned) >= _VALUES_MAX:
+            learned.clear()
+        learned[name] = hit
+    return hit
+
+
 def _session(metadata: dict[str, Any]) -> Any:
     for key in _SESSION_KEYS:
         value = metadata.get(key)
@@ -243,18 +269,14 @@ def _context_attributes(
 ) -> ContextAttributes | None:
     """The values a run with ``tags`` and ``metadata`` puts in force, merged over ``outer``
     (those in force where it started); None when it adds nothing."""
-    own_tags = (
-        tuple(t for t in tags if type(t) is str and not t.startswith(_OWN_TAGS)) if tags else ()
-    )
+    own_tags = tuple(t for t in tags if _ours(t, _OWN_TAGS, _FRAMEWORK_TAGS)) if tags else ()
     session = user = None
     extra: tuple[tuple[str, Any], ...] = ()
     if metadata:
         session = _session(metadata)
         user = metadata.get(_USER_KEY)
         extra = tuple(
-            (k, v)
-            for k, v in metadata.items()
-            if type(k) is str and k not in _OWN_METADATA_KEYS and not k.startswith(_OWN_METADATA)
+            (k, v) for k, v in metadata.items() if _ours(k, _OWN_METADATA, _FRAMEWORK_KEYS)
         )
     if not own_tags and session is None and user is None and not extra:
         return None
