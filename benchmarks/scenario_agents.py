@@ -1,28 +1,36 @@
-"""Agent frameworks: what tracing adds to an agent run, per LLM call and tool call.
+"""Agent frameworks: what tracing adds to an agent run, per LLM call and per tool call.
 
-For each framework, an agent run of ``--steps`` LLM calls and as many tool calls (LiteLLM has no
-agent loop: ``--steps`` ``acompletion`` calls), driven by the framework's own test doubles (no
-network): the OpenAI Agents SDK with a custom ``Model`` (which opens the SDK's generation span
-as the SDK's OpenAI models do), LangGraph's ``create_react_agent`` on langchain-core's fake chat
-model, pydantic-ai's ``FunctionModel``, LiteLLM's ``mock_response``. Three variants, each in a
-fresh process, in alternating order round by round:
+For each framework, agent runs driven by the framework's own test doubles (no network): the
+OpenAI Agents SDK with a custom ``Model`` (which opens the SDK's generation span as the SDK's
+OpenAI models do), LangGraph's ``create_react_agent`` on langchain-core's fake chat model,
+pydantic-ai's ``FunctionModel``; each run is ``--steps`` turns, each turn an LLM call that asks
+for tool calls, then a final LLM call that answers. Two shapes: one tool call a turn
+(``steps + 1`` LLM calls, ``steps`` tool calls) and two a turn (the same LLM calls, ``2 *
+steps`` tool calls). LiteLLM has no agent loop: ``--steps`` ``acompletion`` calls on its
+``mock_response``. Three variants, each in a fresh process, in an order that turns round by
+round:
 
 - ``untraced``: no tracing at all (the Agents SDK's own tracing disabled);
 - ``looptrace``: the integration, exporting to a real OTLP server on 127.0.0.1 (in a process
   of its own, answering at once and decoding later);
-- the framework's best-known tracing pointed at a local mock: the Agents SDK's own exporter to
-  OpenAI (its default processor, endpoint moved to a sink on 127.0.0.1); LangSmith's tracer
-  (``LANGSMITH_TRACING=true``, ``LANGSMITH_ENDPOINT`` at the sink); pydantic-ai's own
-  instrumentation on the OpenTelemetry SDK (batch processor, OTLP/HTTP exporter to the OTLP
-  server); LiteLLM's ``otel`` callback (the same).
+- ``peer``: the framework's best-known tracing pointed at a local mock: the Agents SDK's own
+  exporter to OpenAI (its default processor, endpoint moved to a sink on 127.0.0.1);
+  LangSmith's tracer (``LANGSMITH_TRACING=true``, ``LANGSMITH_ENDPOINT`` at the sink);
+  pydantic-ai's own instrumentation on the OpenTelemetry SDK (batch processor, OTLP/HTTP
+  exporter to the OTLP server); LiteLLM's ``otel`` callback (the same).
 
-A process makes one warm-up run, then ``--runs`` timed runs; its figure is their median wall
-time. Added per step = (variant - untraced) / (LLM calls + tool calls), per round; the table
-gives the median over rounds (and its range). Each tracer exports in the background while the
-runs go on, as in production, competing with them for the machine's cores; what it still holds
-after the timed runs is flushed, untimed, before the process ends.
+A process makes one warm-up run, then ``--runs`` timed runs; its figures are the medians of
+their wall time and of the process's CPU time (every thread) over each run and the 50 ms
+pause after it, in which a tracer's background thread exports what the run recorded. Per
+round, what a variant adds to the untraced run of the same shape gives, per call: a tool
+call, what the second tool call of each turn adds (two-a-turn minus one-a-turn, over
+``steps``); an LLM call, the rest of what the one-a-turn shape adds, over its LLM calls (the
+agent's own steps around a call, its turn or graph node, are in it); a step, what the
+one-a-turn shape adds over all its calls. The tables give the median over rounds and the
+range. CPU time is the steadier figure on a machine shared with other work; wall time is what
+the caller waits.
 
-    /work/venv311/bin/python benchmarks/scenario_agents.py [--steps 50] [--rounds 5] [--runs 5]
+    python benchmarks/scenario_agents.py [--steps 50] [--rounds 3] [--runs 5] [--frameworks ...]
 """
 
 from __future__ import annotations
@@ -53,7 +61,7 @@ PEER = {
 # --- the agent runs ---------------------------------------------------------------------
 
 
-def openai_agents_run(variant: str, steps: int, otlp: str, sink: str) -> Any:
+def openai_agents_run(variant: str, steps: int, tools: int, otlp: str, sink: str) -> Any:
     from agents.models.interface import Model
     from agents.tracing import generation_span
     from openai.types.responses import (
@@ -78,7 +86,8 @@ def openai_agents_run(variant: str, steps: int, otlp: str, sink: str) -> Any:
         default_exporter().endpoint = sink
 
     class Scripted(Model):
-        """Calls the tool until it has seen ``steps`` results, then answers."""
+        """Calls the tool ``tools`` times a turn until it has had ``steps`` turns, then
+        answers."""
 
         async def get_response(
             self, system_instructions: Any, input: Any, *a: Any, **k: Any
@@ -86,24 +95,29 @@ def openai_agents_run(variant: str, steps: int, otlp: str, sink: str) -> Any:
             seen = sum(
                 1 for i in input if isinstance(i, dict) and i.get("type") == "function_call_output"
             )
-            output: Any
-            if seen < steps:
-                output = ResponseFunctionToolCall(
-                    type="function_call",
-                    call_id=f"c{seen}",
-                    name="get_weather",
-                    arguments='{"city": "Paris"}',
-                )
+            output: list[Any]
+            if seen < steps * tools:
+                output = [
+                    ResponseFunctionToolCall(
+                        type="function_call",
+                        call_id=f"c{seen + j}",
+                        name="get_weather",
+                        arguments='{"city": "Paris"}',
+                    )
+                    for j in range(tools)
+                ]
             else:
                 text = ResponseOutputText(type="output_text", text="sunny", annotations=[])
-                output = ResponseOutputMessage(
-                    id="m", type="message", role="assistant", status="completed", content=[text]
-                )
+                output = [
+                    ResponseOutputMessage(
+                        id="m", type="message", role="assistant", status="completed", content=[text]
+                    )
+                ]
             with generation_span(model="gpt-4o-mini", input=input[-1:]) as span:
-                span.span_data.output = [output.model_dump()]
+                span.span_data.output = [o.model_dump() for o in output]
                 span.span_data.usage = {"input_tokens": 12, "output_tokens": 5}
             usage = Usage(requests=1, input_tokens=12, output_tokens=5, total_tokens=17)
-            return ModelResponse(output=[output], usage=usage, response_id=None)
+            return ModelResponse(output=output, usage=usage, response_id=None)
 
         def stream_response(self, *a: Any, **k: Any) -> Any:
             raise NotImplementedError
@@ -122,7 +136,7 @@ def openai_agents_run(variant: str, steps: int, otlp: str, sink: str) -> Any:
     return run
 
 
-def langchain_run(variant: str, steps: int, otlp: str, sink: str) -> Any:
+def langchain_run(variant: str, steps: int, tools: int, otlp: str, sink: str) -> Any:
     if variant == "peer":
         os.environ.update(
             LANGSMITH_TRACING="true", LANGSMITH_ENDPOINT=sink, LANGSMITH_API_KEY="lsv2-bench"
@@ -145,8 +159,11 @@ def langchain_run(variant: str, steps: int, otlp: str, sink: str) -> Any:
 
     def replies() -> Any:
         for i in range(steps):
-            call = {"name": "get_weather", "args": {"city": "Paris"}, "id": f"c{i}"}
-            yield AIMessage(content="", tool_calls=[call], usage_metadata=usage)  # type: ignore[arg-type]
+            calls = [
+                {"name": "get_weather", "args": {"city": "Paris"}, "id": f"c{i}.{j}"}
+                for j in range(tools)
+            ]
+            yield AIMessage(content="", tool_calls=calls, usage_metadata=usage)  # type: ignore[arg-type]
         yield AIMessage(content="sunny", usage_metadata=usage)  # type: ignore[arg-type]
 
     @tool
@@ -176,7 +193,7 @@ def otel_sdk(otlp: str) -> None:
     trace.set_tracer_provider(provider)
 
 
-def pydantic_ai_run(variant: str, steps: int, otlp: str, sink: str) -> Any:
+def pydantic_ai_run(variant: str, steps: int, tools: int, otlp: str, sink: str) -> Any:
     from pydantic_ai import Agent
     from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
     from pydantic_ai.models.function import FunctionModel
@@ -191,9 +208,12 @@ def pydantic_ai_run(variant: str, steps: int, otlp: str, sink: str) -> Any:
 
     def respond(messages: Any, info: Any) -> ModelResponse:
         seen = sum(1 for m in messages for p in m.parts if isinstance(p, ToolReturnPart))
-        if seen < steps:
-            call = ToolCallPart("get_weather", {"city": "Paris"}, tool_call_id=f"c{seen}")
-            return ModelResponse(parts=[call])
+        if seen < steps * tools:
+            calls = [
+                ToolCallPart("get_weather", {"city": "Paris"}, tool_call_id=f"c{seen + j}")
+                for j in range(tools)
+            ]
+            return ModelResponse(parts=calls)  # type: ignore[arg-type]
         return ModelResponse(parts=[TextPart("sunny")])
 
     agent: Agent[None, str] = Agent(FunctionModel(respond), name="forecaster")
@@ -213,7 +233,7 @@ def pydantic_ai_run(variant: str, steps: int, otlp: str, sink: str) -> Any:
     return run
 
 
-def litellm_run(variant: str, steps: int, otlp: str, sink: str) -> Any:
+def litellm_run(variant: str, steps: int, tools: int, otlp: str, sink: str) -> Any:
     if variant == "peer":
         os.environ.update(OTEL_EXPORTER="otlp_http", OTEL_ENDPOINT=otlp)
     import litellm
@@ -245,7 +265,9 @@ RUNS = {
 }
 
 
-def worker(framework: str, variant: str, steps: int, runs: int, otlp: str, sink: str) -> None:
+def worker(
+    framework: str, variant: str, steps: int, tools: int, runs: int, otlp: str, sink: str
+) -> None:
     if variant == "looptrace":
         import looptrace
 
@@ -253,7 +275,7 @@ def worker(framework: str, variant: str, steps: int, runs: int, otlp: str, sink:
         from looptrace.integrations import _common
 
         _common.load_prices()  # at start-up, as instrument_*() at import does
-    run = RUNS[framework](variant, steps, otlp, sink)
+    run = RUNS[framework](variant, steps, tools, otlp, sink)
 
     def flush() -> None:
         """What the tracer holds is sent before the process ends (not timed), so the driver
@@ -275,19 +297,24 @@ def worker(framework: str, variant: str, steps: int, runs: int, otlp: str, sink:
 
             trace.get_tracer_provider().force_flush()  # type: ignore[attr-defined]
 
-    async def main() -> list[float]:
+    async def main() -> tuple[list[float], list[float]]:
         await run()  # warm-up: imports, caches, the first span's set-up
-        times = []
+        await asyncio.sleep(0.05)
+        walls, cpus = [], []
         for _ in range(runs):
+            c0 = time.process_time()
             t0 = time.perf_counter()
             await run()
-            times.append(time.perf_counter() - t0)
+            walls.append(time.perf_counter() - t0)
             await asyncio.sleep(0.05)  # a batch exporter's thread gets to send between runs
-        return times
+            # The process's CPU (every thread) over the run and the pause after it: a
+            # tracer's background work for this run counts, other processes' load does not.
+            cpus.append(time.process_time() - c0)
+        return walls, cpus
 
-    times = asyncio.run(main())
+    walls, cpus = asyncio.run(main())
     flush()
-    print(json.dumps(statistics.median(times)))
+    print(json.dumps([statistics.median(walls), statistics.median(cpus)]))
     sys.stdout.flush()
     os._exit(0)  # a peer's exit flush to a sink is not the run's cost
 
@@ -326,26 +353,73 @@ def serve_sink() -> None:
 # --- the driver ----------------------------------------------------------------------------
 
 
-def measure(framework: str, variant: str, args: argparse.Namespace, otlp: str, sink: str) -> float:
+def measure(
+    framework: str, variant: str, tools: int, args: argparse.Namespace, otlp: str, sink: str
+) -> tuple[float, float]:
     out = subprocess.run(
         [
             *(sys.executable, __file__, "--worker", framework, variant),
-            *("--steps", str(args.steps), "--runs", str(args.runs)),
+            *("--steps", str(args.steps), "--tools", str(tools), "--runs", str(args.runs)),
             *("--otlp", otlp, "--sink", sink),
         ],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
     if out.returncode != 0:
         raise RuntimeError(f"{framework} {variant}: {out.stderr[-2000:]}")
-    return float(out.stdout.strip().splitlines()[-1])
+    wall, cpu = json.loads(out.stdout.strip().splitlines()[-1])
+    return float(wall), float(cpu)
+
+
+VARIANTS = ("untraced", "looptrace", "peer")
+NAMES = {
+    "openai-agents": "OpenAI Agents SDK",
+    "langchain": "LangChain / LangGraph",
+    "pydantic-ai": "pydantic-ai",
+    "litellm": "LiteLLM",
+}
+
+
+def per_call(
+    times: dict[tuple[str, int], list[float]], variant: str, steps: int, agent: bool
+) -> dict[str, tuple[float, float, float]]:
+    """What ``variant`` adds to the untraced run, per LLM call, per tool call and per step
+    (LLM and tool calls together), in microseconds: median over rounds, and the range.
+
+    An agent run of ``steps`` turns with one tool call a turn makes ``steps + 1`` LLM calls
+    and ``steps`` tool calls; with two a turn, ``2 * steps`` tool calls and the same LLM
+    calls. What the second tool call of each turn adds is the cost of a tool call; the rest
+    of what the first shape adds, over its LLM calls, is the cost of an LLM call (with the
+    agent's own steps around it: its turn, its graph node)."""
+    rows: dict[str, list[float]] = {"llm": [], "tool": [], "step": []}
+    rounds = len(times[(variant, 1)])
+    for r in range(rounds):
+        one = times[(variant, 1)][r] - times[("untraced", 1)][r]
+        if agent:
+            two = times[(variant, 2)][r] - times[("untraced", 2)][r]
+            tool = (two - one) / steps
+            llm = (one - steps * tool) / (steps + 1)
+            rows["tool"].append(tool * 1e6)
+            rows["llm"].append(llm * 1e6)
+            rows["step"].append(one / (2 * steps + 1) * 1e6)
+        else:
+            rows["llm"].append(one / steps * 1e6)
+            rows["step"].append(one / steps * 1e6)
+    return {k: (statistics.median(v), min(v), max(v)) for k, v in rows.items() if v}
+
+
+def cell(figure: tuple[float, float, float] | None) -> str:
+    if figure is None:
+        return "-"
+    return f"{figure[0]:.0f} us ({figure[1]:.0f} .. {figure[2]:.0f})"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tools", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--frameworks", default=",".join(RUNS))
     parser.add_argument("--worker", nargs=2)
@@ -357,7 +431,7 @@ def main() -> None:
         serve_sink()
         return
     if args.worker:
-        worker(*args.worker, args.steps, args.runs, args.otlp, args.sink)
+        worker(*args.worker, args.steps, args.tools, args.runs, args.otlp, args.sink)
         return
 
     sys.path.insert(0, str(TESTS))
@@ -368,50 +442,49 @@ def main() -> None:
     )
     assert sink_proc.stdout is not None
     sink = f"http://127.0.0.1:{int(sink_proc.stdout.readline())}"
-    rows = []
+    results = []
     try:
         with OtlpServerProcess(defer_decode=True) as server:
             for framework in args.frameworks.split(","):
-                variants = ["untraced", "looptrace", "peer"]
-                times: dict[str, list[float]] = {v: [] for v in variants}
+                shapes = (1,) if framework == "litellm" else (1, 2)
+                jobs = [(v, k) for k in shapes for v in VARIANTS]
+                walls: dict[tuple[str, int], list[float]] = {j: [] for j in jobs}
+                cpus: dict[tuple[str, int], list[float]] = {j: [] for j in jobs}
                 for r in range(args.rounds):
-                    order = variants[r % 3 :] + variants[: r % 3]
-                    for variant in order if r % 2 == 0 else order[::-1]:
-                        endpoint = server.endpoint
-                        times[variant].append(measure(framework, variant, args, endpoint, sink))
-                rows.append((framework, times))
+                    # Each round in another order, so a slow spell of the machine does not
+                    # always fall on the same variant.
+                    order = jobs[r % len(jobs) :] + jobs[: r % len(jobs)]
+                    for variant, tools in order if r % 2 == 0 else order[::-1]:
+                        wall, cpu = measure(framework, variant, tools, args, server.endpoint, sink)
+                        walls[(variant, tools)].append(wall)
+                        cpus[(variant, tools)].append(cpu)
+                results.append((framework, walls, cpus))
                 print(f"  {framework} done", file=sys.stderr)
     finally:
         sink_proc.terminate()
         sink_proc.wait(10)
 
     print(
-        f"{args.steps} LLM calls + {args.steps} tool calls per run (LiteLLM: {args.steps} "
-        f"LLM calls), {args.rounds} rounds x {args.runs} runs, fresh process per variant"
+        f"{args.steps} turns per agent run, one tool call a turn ({args.steps + 1} LLM calls, "
+        f"{args.steps} tool calls) and two a turn; LiteLLM: {args.steps} acompletion calls. "
+        f"{args.rounds} rounds x {args.runs} runs, a fresh process per variant. Added to the "
+        "untraced run, per call: median over rounds (range)."
     )
-    print(
-        "| framework | untraced run | looptrace added / step | peer | peer added / step "
-        "| looptrace vs peer / step |"
-    )
-    print("|---|---|---|---|---|---|")
-    for framework, times in rows:
-        per_step = args.steps if framework == "litellm" else 2 * args.steps
-
-        def added(
-            variant: str, base: str = "untraced", times: Any = times, per_step: int = per_step
-        ) -> tuple[float, float, float]:
-            d = sorted(
-                (v - b) / per_step * 1e6 for v, b in zip(times[variant], times[base], strict=True)
-            )
-            return statistics.median(d), d[0], d[-1]
-
-        base = statistics.median(times["untraced"]) * 1e3
-        lt, pe, vs = added("looptrace"), added("peer"), added("looptrace", "peer")
-        print(
-            f"| {framework} | {base:.1f} ms | {lt[0]:.1f} us ({lt[1]:.1f} .. {lt[2]:.1f}) "
-            f"| {PEER[framework]} | {pe[0]:.1f} us ({pe[1]:.1f} .. {pe[2]:.1f}) "
-            f"| {vs[0]:+.1f} us |"
-        )
+    for label, which in (("wall time of the run", 1), ("process CPU time", 2)):
+        print(f"\n{label}")
+        print("| framework | untraced run | tracer | per LLM call | per tool call | per step |")
+        print("|---|---|---|---|---|---|")
+        for framework, walls, cpus in results:
+            times = walls if which == 1 else cpus
+            agent = framework != "litellm"
+            base = statistics.median(times[("untraced", 1)]) * 1e3
+            for variant in ("looptrace", "peer"):
+                f = per_call(times, variant, args.steps, agent)
+                tracer = "looptrace" if variant == "looptrace" else PEER[framework]
+                print(
+                    f"| {NAMES[framework]} | {base:.1f} ms | {tracer} | {cell(f.get('llm'))} "
+                    f"| {cell(f.get('tool'))} | {cell(f.get('step'))} |"
+                )
 
 
 if __name__ == "__main__":
