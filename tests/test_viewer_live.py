@@ -178,8 +178,9 @@ def page(browser: Any, base_url: str) -> Iterator[Any]:
 def _open(page: Any, path: str) -> None:
     page.goto(path)
     page.wait_for_selector("body[data-ready='1']")
-    # The live toggle is drawn once live mode has started on this page.
+    # Live once its first look at the store is answered: what is written after shows.
     page.wait_for_selector("#live-toggle.on")
+    page.wait_for_selector("body[data-live='ready']")
     # Marks this document: still there later means the page was never reloaded.
     page.evaluate("window.__sameDocument = true")
 
@@ -321,6 +322,7 @@ def test_the_toggle_pauses_live_updates_and_is_remembered(page: Any, base_url: s
     page.evaluate("window.__sameDocument = true")
     later = new_trace_id()
     post(base_url, [span(later, 1, "after resume")])
+    # Resumed, the list catches up with what came while it was paused.
     page.click("#live-toggle")
     page.wait_for_selector("#live-toggle.on")
     page.locator(f"tr[data-trace-id='{later}']").wait_for(timeout=LIVE_TIMEOUT_MS)

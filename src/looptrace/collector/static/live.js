@@ -12,6 +12,7 @@ const LIVE_KEY = "looptrace.live";
 
 const live = {
   cursor: null,
+  formTouched: false,
   timer: null,
   busy: false,
   trace: null, // the open trace's summary as drawn: a change to it means new spans
@@ -49,7 +50,10 @@ async function livePoll() {
     if (page.kind === "trace") params.set("trace", page.id);
     const answer = await api(`/api/changes?${params}`);
     // The cursor moves on only once what changed is drawn: a failed redraw is tried again.
-    if (!answer.changed) return;
+    if (!answer.changed) {
+      document.body.dataset.live = "ready";
+      return;
+    }
     if (page.kind === "trace") {
       if (live.trace === null) live.trace = traceShape(traceState?.().trace);
       const shape = traceShape(answer.trace);
@@ -57,12 +61,16 @@ async function livePoll() {
         await liveRedraw(() => tracePage(page.id, traceState ? traceState() : null));
         live.trace = shape;
       }
-    } else {
-      // Someone typing a filter keeps the list still until they leave the form.
-      if (document.activeElement?.closest("form.filters")) return;
+    } else if (live.cursor !== null) {
+      // A filter being typed or changed and not yet applied keeps the list still: a redraw
+      // would put the form back as the address has it.
+      if (live.formTouched || document.activeElement?.closest("form.filters")) return;
       await liveRedraw(() => tracesPage());
     }
+    // (The list's first answer only takes the cursor: the list was drawn a moment ago.)
     live.cursor = answer.cursor;
+    // Live from here on (tests wait on this before they write).
+    document.body.dataset.live = "ready";
     liveButton().title = liveTitle();
   } catch (error) {
     // A collector that went away: say so on the toggle, try again on the next tick.
@@ -91,7 +99,11 @@ function liveButton() {
         // No storage (a private window's policy): the toggle lasts for this page only.
       }
       paintLive();
-      if (liveOn()) livePoll();
+      // Resumed: catch up with what came while paused (a cursor that matches nothing).
+      if (liveOn()) {
+        live.cursor ??= "";
+        livePoll();
+      }
     });
     document.querySelector("header.top").appendChild(button);
   }
@@ -113,6 +125,9 @@ function liveTitle() {
 
 function startLive() {
   if (!livePage()) return;
+  const touched = (e) => { if (e.target instanceof Element && e.target.closest("form.filters")) live.formTouched = true; };
+  document.addEventListener("input", touched);
+  document.addEventListener("change", touched);
   paintLive();
   if (live.timer === null) live.timer = setInterval(livePoll, LIVE_INTERVAL_MS);
   document.addEventListener("visibilitychange", () => { if (!document.hidden) livePoll(); });
