@@ -45,5 +45,5 @@ def wire() -> None:
     if _wired:
         return
     _wired = True
-    if _export._lag_monitor is None:
+    if _export.lag_hook.registered() is None:
         _export.register_lag_monitor(_MonitorOnDemand())

@@ -19,14 +19,19 @@ import logging
 import os
 import sys
 import threading
-import weakref
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from .. import _errors, _state
 from .._config import Config
 from . import flusher
 from .buffer import DROP_REASONS
 from .first_span import Deferred
+from .lag_hook import (
+    LagMonitorHook,
+    _monitor_loop_ends,
+    _wire_lag_monitor,
+    register_lag_monitor,
+)
 from .pipeline import Pipeline
 from .stats import FlushResult, OffloadStatistics, Statistics
 
@@ -106,74 +111,6 @@ def _started() -> Pipeline | None:
     if isinstance(sink, Deferred):
         sink.run()
     return _pipeline
-
-
-class LagMonitorHook(Protocol):
-    """What the export stage asks of the lag monitor, which sits above it and registers
-    itself here (:func:`register_lag_monitor`): export never imports the monitor."""
-
-    def start(self, cfg: Config) -> object:
-        """Start the monitor on the running loop, as ``cfg`` says (``lag_monitor`` is on)."""
-        ...
-
-    def loop_ends(self, loop: asyncio.AbstractEventLoop) -> None:
-        """``loop`` is going away under its flusher: export the monitor's last summary
-        window of it (the private thread sends it)."""
-        ...
-
-
-_lag_monitor: LagMonitorHook | None = None
-_unwired_said = False
-
-
-def register_lag_monitor(hook: LagMonitorHook | None) -> None:
-    """The lag monitor's registration point: with ``lag_monitor`` on, export starts it on each
-    loop at the loop's first span and tells it when a loop goes away. looptrace's package root
-    registers a hook that imports the monitor when first needed; the monitor replaces it with
-    its own when imported."""
-    global _lag_monitor
-    _lag_monitor = hook
-
-
-def _wire_lag_monitor(cfg: Config) -> None:
-    """With ``lag_monitor`` on, the monitor starts on a loop when the first span starts there."""
-    if cfg.lag_monitor and not cfg.disabled:
-        _state.add_hooks(start=_start_lag_monitor)
-    else:
-        _state.remove_hooks(start=_start_lag_monitor)
-
-
-def _monitor_loop_ends(cfg: Config, loop: asyncio.AbstractEventLoop) -> None:
-    """The monitor's last summary window of a loop going away, which the private thread sends."""
-    hook = _lag_monitor
-    if cfg.lag_monitor and hook is not None:
-        hook.loop_ends(loop)
-
-
-def _start_lag_monitor(span: Span) -> None:
-    """Start the monitor on this loop at its first span, so a stall inside that very span is
-    measured (once per loop: one lookup per span after)."""
-    global _unwired_said
-    loop = asyncio._get_running_loop()
-    if loop is None or loop in _monitored:
-        return
-    try:
-        _monitored.add(loop)
-    except TypeError:  # pragma: no cover - a loop without weakref support
-        return
-    hook = _lag_monitor
-    if hook is None:
-        if not _unwired_said:
-            _unwired_said = True
-            logger.warning(
-                "looptrace: lag_monitor is on but the lag monitor is not loaded; "
-                "import looptrace.monitor (or use looptrace's public API) to start it"
-            )
-        return
-    hook.start(_state.config or get_config())
-
-
-_monitored: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 
 
 def _get_or_create() -> Pipeline:
