@@ -697,3 +697,34 @@ def test_prune_while_the_collector_writes(tmp_path: Path) -> None:
         assert kept == {f"{t:032x}" for t in sent}
         assert store.stats()["spans"] == 20 * len(sent)
         assert store.list_traces(limit=1, attrs=[("feeder.n", str(sent[-1]))])
+
+
+def test_experiments_count_task_errors_apart_from_scorer_errors(tmp_path: Path) -> None:
+    """`looptrace experiments` says how many cases failed in the task and how many had a scorer
+    raise, as the summary an experiment prints, and names every failing scorer."""
+    from experiment_support import experiment_spans
+
+    exp_id = f"{0xE7:032x}"
+    path = tmp_path / "traces.db"
+    with Store(path) as store:
+        store.write(
+            experiment_spans(
+                exp_id,
+                "qa-errors",
+                time.time_ns(),
+                6,
+                score=lambda i, rep: 1.0,
+                task_errors=frozenset({1, 4}),
+                scorer_errors={2: ("exact", "judge"), 3: ("judge",)},
+            )
+        )
+    code, out = run(path, "experiments")
+    assert code == 0
+    header, row = [line for line in out.splitlines() if line.startswith(("EXPERIMENT", exp_id))]
+    assert "SCORER ERRORS" in header
+    assert row.split()[-4:-1] == ["6", "2", "2"]  # cases, task errors, scorer errors
+    code, out = run(path, "experiments", exp_id)
+    assert code == 0
+    assert "6 cases, 2 errors, 2 scorer errors" in out
+    assert "scorer exact raised on 1 case\n" in out
+    assert "scorer judge raised on 2 cases" in out

@@ -47,12 +47,24 @@ def experiments(ctx: click.Context, experiment_id: str | None, limit: int, as_js
             fmt_time(r["created_ns"]),
             str(r["case_count"]),
             str(r["error_count"]),
+            str(r.get("scorer_error_count", 0)),
             "  ".join(f"{k}={v['mean']:.3g}" for k, v in r["scores"].items()),
         )
         for r in rows
     ]
     click.echo(
-        _table(("EXPERIMENT ID", "NAME", "CREATED", "CASES", "ERRORS", "SCORES (mean)"), table)
+        _table(
+            (
+                "EXPERIMENT ID",
+                "NAME",
+                "CREATED",
+                "CASES",
+                "ERRORS",
+                "SCORER ERRORS",
+                "SCORES (mean)",
+            ),
+            table,
+        )
     )
 
 
@@ -62,8 +74,11 @@ def _show_experiment(exp: dict[str, Any], as_json: bool) -> None:
         return
     click.echo(
         f"experiment {exp['name']}  id {exp['id']}  {fmt_time(exp['created_ns'])}  "
-        f"{exp['case_count']} cases, {exp['error_count']} failed"
+        f"{exp['case_count']} cases, {exp['error_count']} errors, "
+        f"{exp.get('scorer_error_count', 0)} scorer errors"
     )
+    for scorer, count in exp.get("scorer_errors", {}).items():
+        click.echo(f"  scorer {scorer} raised on {count} case{'s' if count != 1 else ''}")
     if exp.get("input_tokens") or exp.get("output_tokens"):
         click.echo(f"  LLM tokens: {exp['input_tokens']} in / {exp['output_tokens']} out")
     for name, agg in exp["scores"].items():
