@@ -415,6 +415,92 @@ def cell(figure: tuple[float, float, float] | None) -> str:
     return f"{figure[0]:.0f} us ({figure[1]:.0f} .. {figure[2]:.0f})"
 
 
+def langchain_handler_cost(steps: int, replays: int) -> None:
+    """The LangChain handler's own cost, apart from the run: the callbacks of one LangGraph
+    agent run (``steps`` turns, one tool call a turn) are recorded, then replayed into
+    looptrace's handler (spans kept in memory) ``replays`` times; the process CPU time of the
+    callbacks, and of serializing the spans they made as the exporter does, per step (LLM or
+    tool call), median over replays. Both are CPU time of this process only, so they are
+    steady where the end-to-end figures are not."""
+    import uuid
+
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    from looptrace._config import Config
+    from looptrace._serialize.spans import to_wire
+    from looptrace.integrations.langchain import Handler
+    from looptrace.testing import capture_spans
+
+    events: list[tuple[str, Any, dict[str, Any]]] = []
+
+    class Recorder(BaseCallbackHandler):
+        run_inline = True
+
+    for name in (
+        "on_chain_start",
+        "on_chain_end",
+        "on_chat_model_start",
+        "on_llm_end",
+        "on_tool_start",
+        "on_tool_end",
+    ):
+
+        def record(self: Any, *a: Any, _name: str = name, **k: Any) -> None:
+            events.append((_name, a, k))
+
+        setattr(Recorder, name, record)
+
+    run = langchain_run("untraced", steps, 1, "", "")
+
+    async def recorded() -> None:
+        from langchain_core.tracers.context import register_configure_hook
+
+        register_configure_hook(_Fixed(Recorder()), True)  # type: ignore[arg-type]
+        await run()
+
+    asyncio.run(recorded())
+    calls = 2 * steps + 1
+    cfg = Config()
+    on_loop: list[float] = []
+    export: list[float] = []
+    with capture_spans() as spans:
+        handler = Handler()
+        for _ in range(replays):
+            ids: dict[Any, Any] = {}
+            replay = []
+            for name, a, k in events:
+                k = dict(k)
+                for key in ("run_id", "parent_run_id"):
+                    if k.get(key) is not None:
+                        k[key] = ids.setdefault(k[key], uuid.uuid4())
+                replay.append((getattr(handler, name), a, k))
+            c0 = time.process_time()
+            for fn, a, k in replay:
+                fn(*a, **k)
+            on_loop.append((time.process_time() - c0) / calls * 1e6)
+            c0 = time.process_time()
+            for span in spans:
+                to_wire(span, cfg)
+            export.append((time.process_time() - c0) / calls * 1e6)
+            spans.clear()
+    print(
+        f"LangChain handler, {len(events)} callbacks of a {steps}-turn LangGraph agent run "
+        f"replayed {replays} times: on the caller's path {statistics.median(on_loop):.1f} us "
+        f"per step (LLM or tool call), serialized by the exporter "
+        f"{statistics.median(export):.1f} us per step (process CPU time, medians)"
+    )
+
+
+class _Fixed:
+    """What langchain_core's configure hook reads (``.get()``): one handler for every run."""
+
+    def __init__(self, handler: Any) -> None:
+        self.handler = handler
+
+    def get(self) -> Any:
+        return self.handler
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=50)
@@ -426,9 +512,17 @@ def main() -> None:
     parser.add_argument("--otlp", default="")
     parser.add_argument("--sink", default="")
     parser.add_argument("--serve-sink", action="store_true")
+    parser.add_argument(
+        "--handler-cost",
+        action="store_true",
+        help="only the LangChain handler's own CPU per step, on replayed callbacks",
+    )
     args = parser.parse_args()
     if args.serve_sink:
         serve_sink()
+        return
+    if args.handler_cost:
+        langchain_handler_cost(args.steps, 20)
         return
     if args.worker:
         worker(*args.worker, args.steps, args.tools, args.runs, args.otlp, args.sink)
