@@ -11,10 +11,7 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-
-class StoreError(Exception):
-    """The store file cannot be used (written by a newer looptrace, not a looptrace store...)."""
-
+from .._errors import StoreError as StoreError
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS resources (

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from ._internals import BadRequest as _BadRequest
 from ._internals import Store, StoreError
 from .receiver import receive_traces
 
@@ -56,10 +57,6 @@ def _int_param(request: Request, name: str, default: int, lo: int = 0, hi: int =
     if not lo <= value <= hi:
         raise _BadRequest(f"{name} must be between {lo} and {hi}")
     return value
-
-
-class _BadRequest(Exception):
-    pass
 
 
 async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:

@@ -15,11 +15,11 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from ._internals import DEFAULT_REGRESSION_THRESHOLD, Store
+from ._internals import BadRequest as _BadRequest
 from .api import (
     JSONResponse,
     _api,
     _api_error,
-    _BadRequest,
     _float_param,
     _in_thread,
     _int_param,
