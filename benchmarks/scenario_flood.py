@@ -7,7 +7,8 @@ spans, each carrying a 1 KB string attribute, as fast as it can (yielding to its
 above the process's baseline (taken after a warm-up span was sent), how many spans the backend
 received, and where every other span went.
 
-looptrace runs with a 16 MiB buffer (``LOOPTRACE_MAX_BUFFER_BYTES``) and its defaults otherwise
+looptrace runs with a 16 MiB buffer (``--budget-mib``, ``LOOPTRACE_MAX_BUFFER_BYTES``; its
+default is 256 MiB) and its defaults otherwise
 (4 requests of at most 4 MiB in flight, the spool on, in a temporary folder). Its documented
 memory bound (docs/pipeline.md, "Bounds") is the buffer's bytes plus what is in flight:
 16 MiB + 4 x 4 MiB = 32 MiB; the row says whether the peak RSS growth stayed within it. What the
@@ -16,7 +17,7 @@ and counted (a producer faster than the spill): sent + spooled + dropped = 200,0
 OpenTelemetry SDK runs with its defaults (BatchSpanProcessor, a queue of 2,048 spans); what it
 drops it does not count.
 
-    .venv/bin/python benchmarks/scenario_flood.py [--spans 200000] [--latency 1.0]
+    .venv/bin/python benchmarks/scenario_flood.py [--spans 200000] [--latency 1.0] [--budget-mib 16]
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 
 from otlp_server import OtlpServerProcess
 
-BUDGET = 16 * 1024 * 1024
 DRAIN_SECONDS = 5.0
 PAYLOAD = ("lorem ipsum dolor sit amet, consectetur adipiscing elit " * 20)[:1024]
 
@@ -46,13 +46,13 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
 
 
-def child(mode: str, endpoint: str, spans: int, spool_dir: str) -> None:
+def child(mode: str, endpoint: str, spans: int, spool_dir: str, budget: int) -> None:
     out: dict[str, object] = {"mode": mode}
     if mode == "looptrace":
         import looptrace
 
         cfg = looptrace.configure(
-            endpoint=endpoint, max_buffer_bytes=BUDGET, spool_dir=Path(spool_dir)
+            endpoint=endpoint, max_buffer_bytes=budget, spool_dir=Path(spool_dir)
         )
         out["bound_mib"] = (
             cfg.max_buffer_bytes + cfg.max_concurrent_requests * cfg.max_batch_bytes
@@ -115,19 +115,29 @@ def child(mode: str, endpoint: str, spans: int, spool_dir: str) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) == 6 and sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+    if len(sys.argv) == 7 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], int(sys.argv[6]))
         return
     parser = argparse.ArgumentParser()
     parser.add_argument("--spans", type=int, default=200_000)
     parser.add_argument("--latency", type=float, default=1.0)
+    parser.add_argument("--budget-mib", type=int, default=16, help="looptrace's buffer budget")
     args = parser.parse_args()
     rows = []
     with OtlpServerProcess(latency=args.latency) as server, tempfile.TemporaryDirectory() as tmp:
         for mode in ("looptrace", "otel"):
             server.clear()
             proc = subprocess.run(
-                [sys.executable, __file__, "--child", mode, server.endpoint, str(args.spans), tmp],
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    mode,
+                    server.endpoint,
+                    str(args.spans),
+                    tmp,
+                    str(args.budget_mib * 2**20),
+                ],
                 capture_output=True,
                 text=True,
                 timeout=600,
@@ -147,7 +157,7 @@ def main() -> None:
             rows.append(data)
     print(
         f"flood: {args.spans:,} spans of 1 KB, backend latency {args.latency:g} s, "
-        f"{DRAIN_SECONDS:g} s to drain; looptrace buffer {BUDGET // 2**20} MiB"
+        f"{DRAIN_SECONDS:g} s to drain; looptrace buffer {args.budget_mib} MiB"
     )
     print(
         f"{'':<18} {'produce s':>9} {'RSS growth MiB':>15} {'bound MiB':>10} {'received':>9}  "

@@ -305,24 +305,34 @@ class Buffer:
                 self.records_sent += len(batch.chunks)
 
     def returned(self, batch: Batch) -> None:
-        """A send failed: the batch goes back to pending, ahead of newer spans, in order."""
+        """A send failed: the batch goes back to pending, ahead of newer spans, in order. Once
+        the buffer is closed nobody sends it any more: it is dropped (``shutdown``)."""
+        late = dropped = 0
         with self._lock:
             if not self._remove_in_flight(batch):
                 return
             if batch.span_count == 0 and batch.records == 0:
                 return
-            i = len(self._retry)
-            while i > 0 and self._retry[i - 1].lo > batch.lo:
-                i -= 1
-            self._retry.insert(i, batch)
-            self._retry_spans += batch.span_count
-            self._retry_bytes += batch.nbytes
-            # Failed sends come back as encoded batches while new spans keep arriving: the
-            # budget holds here too, not only at the next push.
-            dropped = self._shed()
-            self._rearm_thresholds()
+            if self._closed:
+                # A flusher still winding down after the pipeline closed (the deadline passed
+                # while it encoded) hands back what it held: counted, not kept.
+                late = batch.span_count
+                self.dropped["shutdown"] += late
+            else:
+                i = len(self._retry)
+                while i > 0 and self._retry[i - 1].lo > batch.lo:
+                    i -= 1
+                self._retry.insert(i, batch)
+                self._retry_spans += batch.span_count
+                self._retry_bytes += batch.nbytes
+                # Failed sends come back as encoded batches while new spans keep arriving: the
+                # budget holds here too, not only at the next push.
+                dropped = self._shed()
+                self._rearm_thresholds()
         if dropped:
             self._on_drop("buffer_full", dropped)
+        if late:
+            self._on_drop("shutdown", late)
 
     def drop(self, batch: Batch, reason: str) -> int:
         """Give up on an in-flight batch; returns how many spans were dropped."""

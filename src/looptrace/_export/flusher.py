@@ -169,10 +169,14 @@ class Flusher:
             self.buffer.force_slow_path()
         self.notify()
 
-    def close_down(self) -> None:
+    def close_down(self, wait: float | None = None) -> None:
         """The last flusher has stopped, or the deadline passed: what is still held goes to
-        the spool or is dropped, counted and said once; the buffer takes no span any more."""
+        the spool or is dropped, counted and said once; the buffer takes no span any more.
+        Another thread may be doing it already (a flusher that stopped): with ``wait``, wait
+        that long for it to finish, so that what the caller reads next is the final count."""
         if not self.lifecycle.close():
+            if wait is not None:
+                self.lifecycle.wait_closed(wait)
             return
         if self.spool is not None:
             self.spool.close()  # what is still held goes to the spool

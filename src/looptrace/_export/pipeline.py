@@ -267,7 +267,9 @@ class Pipeline:
         for home in homes:
             if home.thread_id != threading.get_ident():
                 home.done.wait(max(0.0, deadline - time.monotonic()) + 0.5)
-        self.flusher.close_down()
+        # A flusher that stopped meanwhile may be spilling what is held to the spool: the
+        # result counts it once that is done.
+        self.flusher.close_down(wait=self.cfg.shutdown_timeout)
         return self._result(before, target)
 
     async def shutdown(self, timeout: float | None = None) -> FlushResult:
@@ -291,6 +293,9 @@ class Pipeline:
             # What is still held is encoded and written to the spool off the loop.
             await off_loop(self.spool.close)
         self.flusher.close_down()
+        if not self.lifecycle.wait_closed(0):
+            # A flusher that stopped meanwhile is spilling what is held to the spool.
+            await off_loop(self.lifecycle.wait_closed, self.cfg.shutdown_timeout)
         return self._result(before, target)
 
     def close_soon(self) -> None:
