@@ -19,7 +19,7 @@ import pytest
 import looptrace
 from looptrace import _semconv as sc
 from looptrace._capture.spans import UNSET
-from looptrace.evals import Score
+from looptrace.evals import Score, _tokens
 from looptrace.testing import SpanCapture, capture_spans
 from otlp_server import OtlpTestServer
 
@@ -160,9 +160,9 @@ async def test_token_usage_is_summed_per_case_and_in_the_summary() -> None:
     assert cases[2].attributes[sc.CASE_INPUT_TOKENS] == 20
     assert cases[2].attributes[sc.CASE_OUTPUT_TOKENS] == 6
     assert sc.CASE_INPUT_TOKENS not in (cases[0].attributes or {})
-    from looptrace import _state, evals
+    from looptrace import _state
 
-    assert evals._count_tokens not in _state.end_hooks  # removed once no case runs
+    assert _tokens._count_tokens not in _state.end_hooks  # removed once no case runs
 
 
 async def test_case_traces_link_to_the_experiment_and_hold_the_task_spans() -> None:

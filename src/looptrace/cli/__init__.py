@@ -18,31 +18,19 @@ from pathlib import Path
 
 import click
 
-from ._common import _EPILOG as _EPILOG
+from ._common import _EPILOG
 from ._common import EXIT_CANNOT_LISTEN as EXIT_CANNOT_LISTEN
 from ._common import EXIT_FAILURE as EXIT_FAILURE
 from ._common import EXIT_NOT_FOUND as EXIT_NOT_FOUND
 from ._common import EXIT_USAGE as EXIT_USAGE
-from ._common import _dump_json as _dump_json
-from ._common import _fail as _fail
-from ._common import _jsonable as _jsonable
-from ._common import _open_store as _open_store
-from ._common import _store_path as _store_path
 from ._demo import demo
-from ._experiments import _show_experiment as _show_experiment
 from ._experiments import experiments
-from ._format import _clip as _clip
-from ._format import _event_line as _event_line
-from ._format import _llm_line as _llm_line
-from ._format import _table as _table
 from ._format import fmt_duration as fmt_duration
 from ._format import fmt_time as fmt_time
 from ._format import render_tree as render_tree
 from ._housekeeping import delete, prune
-from ._serve import _viewer_routes as _viewer_routes
 from ._serve import serve
 from ._spool import spool
-from ._traces import _terminal_width as _terminal_width
 from ._traces import sessions, show, traces
 
 __all__ = ["main"]

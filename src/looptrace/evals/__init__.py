@@ -48,9 +48,6 @@ from ._case import Case
 from ._experiment import Experiment, experiment, run_experiment
 from ._results import CaseResult, ExperimentSummary, Score, ScoreSummary
 
-# The span-end hook that sums a case's tokens; tests check it is removed once no case runs.
-from ._tokens import _count_tokens as _count_tokens
-
 __all__ = [
     "Case",
     "CaseResult",
