@@ -387,6 +387,19 @@ def test_a_spool_can_be_turned_off(tmp_path: Path) -> None:
     assert any("(shutdown=5)" in line for line in stderr)
 
 
+def test_a_spool_folder_given_as_text_to_configure_is_used(tmp_path: Path) -> None:
+    """configure(spool_dir="...") with a string, as a user writes it: the spans a dead backend
+    did not take are spooled there, not lost to a pipeline that cannot start."""
+    url = f"http://127.0.0.1:{free_port()}/v1/traces"
+    where = tmp_path / "elsewhere"
+    body = f"looptrace.configure(endpoint={url!r}, spool_dir={str(where)!r})\n" + EMIT.format(
+        count=5, prefix="t"
+    )
+    a, _ = run(tmp_path, body, url)
+    assert a["spooled"] == 5 and a["dropped"] == {}
+    assert spans_in(sorted((where / endpoint_key(url)).glob(f"*{READY}"))) == 5
+
+
 def test_a_claim_whose_process_is_gone_is_taken_over(tmp_path: Path) -> None:
     """A file claimed by a process that died (mid-send) is sent by the next process."""
     port = free_port()

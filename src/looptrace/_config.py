@@ -148,6 +148,12 @@ class Config:
     lag_summary_interval: float = 10.0
 
     def __post_init__(self) -> None:
+        # A path given as text (configure(spool_dir="/var/spool/app")) is used as a Path: the
+        # pipeline joins and creates folders under it.
+        for name in ("store_path", "spool_dir"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, Path(value).expanduser())
         _check(0.0 <= self.sample_rate <= 1.0, "sample_rate must be between 0 and 1", "sample_rate")
         for name in (
             "max_generator_items",
