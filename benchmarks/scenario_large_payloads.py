@@ -1014,6 +1014,7 @@ def one_row(kind: str, payload_kind: str, url: str, calls: int) -> None:
         "p95": row.p95_us,
         "waited": row.waited,
         "cpu": row.cpu,
+        "flush": row.flush_s,
     }
     print(orjson.dumps(figures).decode())
 
@@ -1046,7 +1047,7 @@ def old_against_new(old_src: str, calls: int, rounds: int, only: str | None = No
             print(f"\nold against new, {payload_kind} payloads, {calls} calls, {rounds} rounds")
             print(
                 f"{'':<16}{'max ms':>9}{'total ms':>10}{'ran/wait/other':>16}{'p95 us':>9}"
-                f"{'waited':>9}{'cpu ms':>9}{'delivered':>11}"
+                f"{'waited':>9}{'cpu ms':>9}{'delivered':>11}{'flush s':>9}"
             )
             got: dict[str, list[dict[str, float]]] = {}
             trees = [("old", old_src, "looptrace"), ("new", new_src, "looptrace")]
@@ -1059,7 +1060,11 @@ def old_against_new(old_src: str, calls: int, rounds: int, only: str | None = No
                     *(trees if r % 2 == 0 else trees[::-1]),
                 ]:
                     before = sink.count()
-                    figures = in_process(__file__, ["--row", kind, payload_kind, sink.url], src)
+                    figures = in_process(
+                        __file__,
+                        ["--row", kind, payload_kind, sink.url, "--calls", str(calls)],
+                        src,
+                    )
                     expected = 0 if kind == "baseline" else calls
                     figures["delivered"] = sink.wait_for(before + expected, 60) - before
                     got.setdefault(name, []).append(figures)
@@ -1068,7 +1073,7 @@ def old_against_new(old_src: str, calls: int, rounds: int, only: str | None = No
                         f"{name + ' #' + str(r + 1):<16}{figures['max']:>9.1f}"
                         f"{figures['total']:>10.1f}{split:>16}{figures['p95']:>9.1f}"
                         f"{figures['waited']:>9.1f}{figures['cpu']:>9.0f}"
-                        f"{figures['delivered']:>8}/{expected}",
+                        f"{figures['delivered']:>8}/{expected}{figures['flush']:>9.3f}",
                         flush=True,
                     )
             print("medians:")
@@ -1082,6 +1087,7 @@ def old_against_new(old_src: str, calls: int, rounds: int, only: str | None = No
                     f"{statistics.median(x['p95'] for x in rows):>9.1f}"
                     f"{statistics.median(x['waited'] for x in rows):>9.1f}"
                     f"{statistics.median(x['cpu'] for x in rows):>9.0f}"
+                    f"{statistics.median(x['flush'] for x in rows):>20.3f}"
                 )
     finally:
         sink.close()

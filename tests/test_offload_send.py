@@ -128,7 +128,7 @@ async def test_values_sent_raw_outlive_a_caller_that_gave_up(offloader: Offloade
         want = inline(span)
         args, values = handoff(span)
         second = pool.submit("work", args, values)
-        assert sum(ch.queued for ch in pool._channels) == 2  # the second waits behind the first
+        assert pool.queued == 2  # the second waits behind the first
         del span, args, values
         gc.collect()
         churn = ["Z" * 400_000 for _ in range(20)]  # reuses memory freed too early, if any was
@@ -153,7 +153,7 @@ async def test_shutdown_from_another_thread_gives_the_span_back() -> None:
         os.kill(process.pid, signal.SIGSTOP)  # busy: it will not answer before the shutdown
         span = big_span()
         task = asyncio.ensure_future(off.encode(span, CFG, "protobuf"))
-        while not off._pool._channels[0].queued:
+        while not off._pool.queued:
             await asyncio.sleep(0)
         await asyncio.to_thread(off.shutdown, True)
         assert await asyncio.wait_for(task, 30) == inline(span)
@@ -325,3 +325,69 @@ async def test_other_transports_get_the_encoded_span_back(server: OtlpTestServer
     assert server.request_count == 1
     assert pipe.statistics().offload.offloaded == 2
     await looptrace.shutdown()
+
+
+@needs_sigstop
+async def test_a_stopped_worker_gets_a_helper_and_the_loop_keeps_turning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker that never gets a CPU (held still here, starved on a busy machine): the loop
+    that awaits its spans keeps turning, and once a call has waited past the bound a helper
+    worker takes the queue and a copy of the call the held worker has, so every span comes
+    back encoded by a worker (not inline), the held worker's answer not awaited."""
+    monkeypatch.setattr(_pool, "BEHIND_SECONDS", 0.05)
+    off = Offloader(workers=1)
+    try:
+        await off.ready()
+        (worker,) = off.worker_pids()
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            spans = [big_span(span_id=10 + i) for i in range(3)]
+            tasks = [asyncio.ensure_future(off.encode(s, CFG, "protobuf")) for s in spans]
+            turns = 0
+            while not all(t.done() for t in tasks):
+                await asyncio.sleep(0.001)
+                turns += 1
+                assert turns < 60_000, "no helper took the calls"
+            # The loop turned while a helper started (an interpreter and its imports); a
+            # handoff that waited for a worker would have held it until the spans came back.
+            assert turns >= 3
+            assert [t.result() for t in tasks] == [inline(s) for s in spans]
+            assert len(off.worker_pids()) == 2
+            assert off._pool is not None and off._pool.helpers_started == 1
+            assert off.stats["offloaded"] == 3 and sum(off.stats.values()) == 3
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        # The held worker answers its copy later, to nobody; the pool goes on.
+        assert await off.encode(big_span(span_id=20), CFG, "protobuf") == inline(
+            big_span(span_id=20)
+        )
+        assert off.state == "running"
+    finally:
+        off.shutdown(wait=True)
+
+
+async def test_a_helper_with_nothing_to_do_exits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A helper started while the queue was behind leaves once it finds no call to take: a
+    quiet machine keeps only its idle-priority workers."""
+    monkeypatch.setattr(_pool, "HELPER_IDLE_SECONDS", 0.2)
+    off = Offloader(workers=1)
+    try:
+        await off.ready()
+        pool = off._pool
+        assert pool is not None
+        (worker,) = off.worker_pids()
+        with pool._cond:
+            pool._helper = True
+        await asyncio.to_thread(pool._start_helper)
+        assert len(off.worker_pids()) == 2
+        assert await off.encode(big_span(), CFG, "protobuf") == inline(big_span())
+        for _ in range(600):
+            if off.worker_pids() == [worker]:
+                break
+            await asyncio.sleep(0.05)
+        assert off.worker_pids() == [worker]
+        assert not pool._helper
+        assert await off.encode(big_span(span_id=4), CFG, "protobuf") == inline(big_span(span_id=4))
+    finally:
+        off.shutdown(wait=True)

@@ -162,10 +162,13 @@ def serve(src: IO[bytes], out: IO[bytes], calls: dict[str, Callable[..., Any]]) 
             return
 
 
-def main() -> None:
-    """The worker's whole life (its parent starts it; it is not a command of its own)."""
+def main(idle: bool = True) -> None:
+    """The worker's whole life (its parent starts it; it is not a command of its own).
+    ``idle``: run only when a core is otherwise idle (a helper, started when the idle workers
+    fall behind, runs at the priority it was started with)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the application's to handle
-    yield_cpu(0)
+    if idle:
+        yield_cpu(0)
     src = open(sys.stdin.fileno(), "rb", closefd=False)  # noqa: SIM115 - for the process's life
     # Answers go to a private copy of standard output; fd 1 becomes standard error.
     out = open(os.dup(sys.stdout.fileno()), "wb")  # noqa: SIM115
