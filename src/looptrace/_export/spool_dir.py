@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import orjson
 
+from .._errors import SpoolCorrupt as Corrupt
+
 if TYPE_CHECKING:
     from .._config import Config
 
@@ -73,10 +75,6 @@ TEMP_STALE_SECONDS = 60.0
 def endpoint_key(endpoint: str) -> str:
     """The name of an endpoint's folder: the URL itself may not be a valid file name."""
     return hashlib.sha256(endpoint.encode()).hexdigest()[:16]
-
-
-class Corrupt(Exception):
-    """A spool file that does not read back (cut short, bad header, wrong checksum)."""
 
 
 class Record(NamedTuple):
