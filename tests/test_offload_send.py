@@ -391,3 +391,40 @@ async def test_a_helper_with_nothing_to_do_exits(monkeypatch: pytest.MonkeyPatch
         assert await off.encode(big_span(span_id=4), CFG, "protobuf") == inline(big_span(span_id=4))
     finally:
         off.shutdown(wait=True)
+
+
+@needs_sigstop
+async def test_a_pool_whose_worker_cannot_start_starts_with_a_helper(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An idle-priority worker that does not get to finish its start-up (held still here,
+    starved on a busy machine): the pool starts with a helper instead, large spans are
+    offloaded at once, and the held worker joins once it has started."""
+    held: list[int] = []
+
+    def hold(pid: int) -> None:
+        held.append(pid)
+        os.kill(pid, signal.SIGSTOP)
+
+    monkeypatch.setattr(_pool, "yield_cpu", hold)
+    monkeypatch.setattr(_pool, "START_HELP_SECONDS", 0.05)
+    off = Offloader(workers=1)
+    try:
+        try:
+            await asyncio.wait_for(off.ready(), 60)
+            assert off.state == "running"
+            assert off._pool is not None and off._pool.helpers_started == 1
+            assert await off.encode(big_span(), CFG, "protobuf") == inline(big_span())
+            assert off.stats["offloaded"] == 1
+        finally:
+            for pid in held:
+                os.kill(pid, signal.SIGCONT)
+        (worker,) = held
+        pool = off._pool
+        for _ in range(1200):
+            if any(ch.ready for ch in pool._channels if ch.process.pid == worker):
+                break
+            await asyncio.sleep(0.05)
+        assert any(ch.ready for ch in pool._channels if ch.process.pid == worker)
+    finally:
+        off.shutdown(wait=True)

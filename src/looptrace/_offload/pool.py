@@ -50,7 +50,9 @@ _PIPE_BYTES = 1 << 20
 BEHIND_SECONDS = 0.5
 # A helper that has found no call to take for this long exits.
 HELPER_IDLE_SECONDS = 5.0
-_HELPER_START_SECONDS = 60.0
+# A pool whose idle-priority workers have not started within this long (0.2 s on an idle
+# machine; tens of seconds when its cores are never idle) starts a helper alongside them.
+START_HELP_SECONDS = 2.0
 
 logger = logging.getLogger("looptrace")
 
@@ -125,6 +127,8 @@ class _Channel:
         self.process = process
         self.helper = helper  # started at the ordinary priority, while the queue was behind
         self.current: _Call | None = None  # the call its worker has
+        self.ready = False  # answered its start-up frame
+        self.failed = False  # exited (or its pipe broke) before answering it
         self.thread: threading.Thread | None = None
 
 
@@ -191,25 +195,87 @@ class Pool:
 
     def _serve(self, ch: _Channel) -> None:
         ch.thread = threading.Thread(
-            target=self._run, args=(ch,), name="looptrace-worker-io", daemon=True
+            target=self._life, args=(ch,), name="looptrace-worker-io", daemon=True
         )
         ch.thread.start()
 
+    def _started(self, until: float) -> bool | None:
+        """Wait (holding the lock) until a worker has started (True), every one has failed
+        (None), or ``until`` (False)."""
+        while True:
+            if any(ch.ready for ch in self._channels):
+                return True
+            if all(ch.failed for ch in self._channels):
+                return None
+            left = until - time.monotonic()
+            if left <= 0:
+                return False
+            self._cond.wait(left)
+
     def start(self, timeout: float) -> None:
-        """Launch the workers and wait until each has answered its start-up frame."""
+        """Launch the workers and wait until one has answered its start-up frame (the others
+        join as they answer theirs). Idle-priority workers that have not answered within
+        ``START_HELP_SECONDS`` get a helper."""
+        now = time.monotonic()
+        deadline = now + timeout
         try:
-            for _ in range(self.workers):
-                self._channels.append(self._spawn(idle=True))
+            with self._lock:
+                for _ in range(self.workers):
+                    self._channels.append(self._spawn(idle=True))
             for ch in self._channels:
                 self._hello(ch)
-            for ch in self._channels:
-                _answer_within(ch, timeout)
-            for ch in self._channels:
                 self._serve(ch)
+            with self._cond:
+                started = self._started(min(deadline, now + START_HELP_SECONDS))
+                if started is False:
+                    self._helper = True
+            if started is False:
+                self._start_helper()
+                with self._cond:
+                    started = self._started(deadline)
+            if started is None:
+                raise OSError("a worker exited at start-up")
+            if started is False:
+                raise TimeoutError(f"a worker did not start within {timeout} s")
             threading.Thread(target=self._watch, name="looptrace-worker-watch", daemon=True).start()
         except BaseException:
             self.close(wait=False)
             raise
+
+    def _life(self, ch: _Channel) -> None:
+        """The thread of one worker: its start-up answer, then its calls."""
+        assert ch.process.stdout is not None
+        try:
+            frame = read_frame(ch.process.stdout)
+        except (OSError, ValueError):
+            frame = None
+        with self._cond:
+            if frame is not None:
+                ch.ready = True
+            else:
+                ch.failed = True
+                if ch.helper and ch in self._channels:
+                    self._channels.remove(ch)
+            # A worker lost after another had started breaks the pool, as at any time.
+            broken = (
+                frame is None
+                and not ch.helper
+                and self.gone is None
+                and any(c.ready for c in self._channels)
+            )
+            self._cond.notify_all()
+        if frame is None:
+            if ch.helper and self.gone is None:
+                logger.warning(
+                    "looptrace: a helper worker exited at start-up (status %s); the"
+                    " idle-priority ones go on",
+                    ch.process.poll(),
+                )
+                _kill([ch])
+            elif broken:
+                self._break("broken")
+            return
+        self._run(ch)
 
     def submit(self, name: str, args: tuple[Any, ...], raw: list[RawValue] | None = None) -> Any:
         """Queue a call; returns a ``concurrent.futures.Future`` of its result.
@@ -339,14 +405,15 @@ class Pool:
             self._start_helper()
 
     def _start_helper(self) -> None:
+        """Start a helper; its thread waits for its start-up answer, then serves."""
         try:
             ch = self._spawn(idle=False)
         except Exception as exc:
+            # self._helper stays set: no second attempt.
             logger.warning("looptrace: no helper worker (%s); the idle-priority ones go on", exc)
-            return  # self._helper stays set: no second attempt
+            return
         try:
             self._hello(ch)
-            _answer_within(ch, _HELPER_START_SECONDS)
         except Exception as exc:
             logger.warning("looptrace: no helper worker (%s); the idle-priority ones go on", exc)
             _kill([ch])
@@ -405,24 +472,6 @@ class Pool:
 
 def _send(stdin: IO[bytes], call: _Call) -> None:
     write_frame(stdin, 0, Raw(call.raw) if call.raw else None, call.head)
-
-
-def _answer_within(ch: _Channel, timeout: float) -> None:
-    """Wait for a worker's start-up answer, on a thread of its own so that the wait has a
-    deadline on every platform (a pipe cannot be polled on Windows)."""
-    got: list[Any] = []
-
-    def read() -> None:
-        assert ch.process.stdout is not None
-        got.append(read_frame(ch.process.stdout))
-
-    reader = threading.Thread(target=read, name="looptrace-worker-start", daemon=True)
-    reader.start()
-    reader.join(timeout)
-    if not got:
-        raise TimeoutError(f"a worker did not start within {timeout} s")
-    if got[0] is None:
-        raise OSError(f"a worker exited at start-up (status {ch.process.poll()})")
 
 
 def _settle(future: concurrent.futures.Future[Any], result: Any) -> None:
