@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import email.utils
 import functools
+import importlib
 import logging
 import threading
 from collections.abc import Iterator
@@ -297,6 +298,11 @@ async def test_a_large_structure_is_written_in_steps_that_yield_to_the_loop(
     after it are steps of their own, with the loop's other tasks run in between. The span
     arrives whole."""
     monkeypatch.setattr(_export.exporter, "SLICE_SECONDS", 0.0)
+    # A policy that has learned none of these keys: one shared with earlier tests that wrote
+    # the same keys would skip them in C and need fewer steps (docs/serialization.md).
+    policy_module = importlib.import_module("looptrace._serialize.policy")
+    monkeypatch.setattr(policy_module, "_policies", {})
+    monkeypatch.setattr(policy_module, "_last", None)
     use(server)
     rows = [{"id": i, "name": f"item-{i}", "meta": {"rank": i % 7}} for i in range(8_000)]
     turns = LoopTurns()
