@@ -1,7 +1,8 @@
 """Large spans serialized and encoded by worker processes.
 
     parent   the application's side: the Offloader (handoffs, fallbacks counted by reason)
-    pool     the worker processes and the pipes to them (a thread per pool reads answers)
+    pool     the worker processes and the pipes to them (one queue of calls, a thread per
+             worker)
     worker   a worker's main loop: frames in, answers out (imports none of capture)
     child    what a worker runs: finish a prepared span, encode it
 
@@ -23,6 +24,10 @@ The words the modules share:
                  value back in the worker
     Raw          a call's arguments or answer with its raw values, written and read straight
                  from the pipe in pieces of ``PIECE_CHARS``
+    helper       a worker at the ordinary priority, started while the idle-priority ones are
+                 behind (a call waited ``BEHIND_SECONDS``, or none started within
+                 ``START_HELP_SECONDS``); it takes the queue and copies of calls a starved
+                 worker holds, and exits after ``HELPER_IDLE_SECONDS`` with nothing to do
     WorkerGone   the answer will not come (a worker died, or the pool closed): encode here
     WorkerError  the work raised inside the worker, which lives on
 """
