@@ -79,6 +79,35 @@ def test_every_export_exists_and_is_not_private() -> None:
             assert getattr(obj, "__doc__", None), f"{name} has no docstring"
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_package_roots_export_public_names_only() -> None:
+    """Every package's ``__init__`` offers its public names only: a private name is imported
+    from the module that defines it, never re-exported from a package root (by an explicit
+    ``import x as x`` or through ``__all__``)."""
+    root = pathlib.Path(looptrace.__file__).parent
+    found: dict[str, list[str]] = {}
+    for init in sorted(root.rglob("__init__.py")):
+        tree = ast.parse(init.read_text(encoding="utf-8"))
+        names: list[str] = []
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom):
+                names += [a.name for a in node.names if a.asname == a.name and _private(a.name)]
+            elif isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+            ):
+                names += [
+                    e.value
+                    for e in getattr(node.value, "elts", [])
+                    if isinstance(e, ast.Constant) and _private(str(e.value))
+                ]
+        if names:
+            found[str(init.relative_to(root))] = names
+    assert found == {}
+
+
 def test_public_names_are_mentioned_in_the_docs() -> None:
     """Every exported callable or class appears somewhere in docs/ or the README."""
     root = pathlib.Path(__file__).parent.parent

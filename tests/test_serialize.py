@@ -459,7 +459,7 @@ def test_property_fast_options_write_what_the_general_ones_write() -> None:
             return  # so is a value over the cap
         once = dict(_serialize.stats)
         _serialize.stats.clear()
-        assert _serialize._dumps(value, pol) == expected
+        assert _serialize.dumps(value, pol) == expected
         assert dict(_serialize.stats) == once
 
     check()

@@ -36,14 +36,13 @@ from .spans import (
     to_wire,
     to_wire_or_steps,
 )
-from .walk import _dumps, dumps_or_steps, snapshot, to_json
 from .walk import _dumps as dumps
+from .walk import dumps_or_steps, snapshot, to_json
 
 __all__ = [
     "REDACTED",
     "TRUNCATED_KEY",
     "Policy",
-    "_dumps",
     "attributes_into",
     "capped",
     "code_attributes",

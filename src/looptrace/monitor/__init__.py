@@ -38,13 +38,15 @@ span lag and the heartbeat but no culprits. See ``docs/lag-monitor.md``.
 
 from __future__ import annotations
 
-from . import _wiring as _wiring  # registers the monitor with the export stage
 from ._culprits import CAUSE_CODE, CAUSE_GC, CAUSE_LOOPTRACE, CAUSE_UNSCHEDULED, Culprit
 from ._histogram import LagSnapshot
 from ._monitor import LagMonitor, ensure_from_config
 from ._registry import active_monitor
 from ._span_lag import blocked_ns
 from ._summary import finish_windows
+from ._wiring import register as _register_with_export
+
+_register_with_export()
 
 __all__ = [
     "CAUSE_CODE",

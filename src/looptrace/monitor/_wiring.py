@@ -26,4 +26,6 @@ class ExportHook:
         finish_windows(loop)
 
 
-_export.register_lag_monitor(ExportHook())
+def register() -> None:
+    """Register the monitor with the export stage (the package does it when it loads)."""
+    _export.register_lag_monitor(ExportHook())
