@@ -118,7 +118,7 @@ async def test_values_sent_raw_outlive_a_caller_that_gave_up(offloader: Offloade
     call, so the worker still encodes them whole, not memory reused since."""
     pool = offloader._pool
     assert pool is not None
-    (worker,) = offloader.worker_pids()
+    (worker,) = [ch.process.pid for ch in pool._channels if not ch.helper]
     os.kill(worker, signal.SIGSTOP)
     try:
         first = pool.submit("work", *handoff(big_span()))
@@ -141,10 +141,14 @@ async def test_values_sent_raw_outlive_a_caller_that_gave_up(offloader: Offloade
 
 
 @needs_sigstop
-async def test_shutdown_from_another_thread_gives_the_span_back() -> None:
+async def test_shutdown_from_another_thread_gives_the_span_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Shutting the offloader down from another thread while a worker holds a span: the
     waiting task gets the span encoded here (reason ``shutdown``), without hanging, and the
     worker is gone."""
+    monkeypatch.setattr(_pool, "START_HELP_SECONDS", 600.0)  # one worker, however busy
+    monkeypatch.setattr(_pool, "BEHIND_SECONDS", 600.0)
     off = Offloader(workers=1)
     try:
         await off.ready()
@@ -336,6 +340,7 @@ async def test_a_stopped_worker_gets_a_helper_and_the_loop_keeps_turning(
     worker takes the queue and a copy of the call the held worker has, so every span comes
     back encoded by a worker (not inline), the held worker's answer not awaited."""
     monkeypatch.setattr(_pool, "BEHIND_SECONDS", 0.05)
+    monkeypatch.setattr(_pool, "START_HELP_SECONDS", 600.0)  # the worker's own start
     off = Offloader(workers=1)
     try:
         await off.ready()
@@ -371,6 +376,7 @@ async def test_a_helper_with_nothing_to_do_exits(monkeypatch: pytest.MonkeyPatch
     """A helper started while the queue was behind leaves once it finds no call to take: a
     quiet machine keeps only its idle-priority workers."""
     monkeypatch.setattr(_pool, "HELPER_IDLE_SECONDS", 0.2)
+    monkeypatch.setattr(_pool, "START_HELP_SECONDS", 600.0)  # the worker's own start
     off = Offloader(workers=1)
     try:
         await off.ready()
