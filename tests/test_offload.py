@@ -100,6 +100,7 @@ async def test_value_the_worker_cannot_rebuild_falls_back_and_keeps_the_pool(
 ) -> None:
     """A value that fails to unpickle in the worker falls back inline; the pool survives."""
     span = big_span({"obj": OnlyInParent()})
+    await pool.ready()
     pids = idle_pids(pool)
     body = await pool.encode(span, CFG, "protobuf")
     assert pool.stats["worker_error"] == 1
@@ -200,7 +201,9 @@ def test_the_pool_follows_the_loop_that_runs(pool: Offloader) -> None:
 async def test_killed_worker_is_replaced_once_then_inline(monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker killed mid-life breaks the pool: that span goes inline, the pool is replaced
     once; a second break retires the pool and later spans go inline."""
-    monkeypatch.setattr(_pool, "START_HELP_SECONDS", 600.0)  # one worker, however busy
+    # One worker, however busy the machine: a helper would take the calls a dead worker misses.
+    monkeypatch.setattr(_pool, "START_HELP_SECONDS", 600.0)
+    monkeypatch.setattr(_pool, "BEHIND_SECONDS", 600.0)
     off = Offloader(workers=1)
     try:
         assert await off.encode(big_span(), CFG, "protobuf") == inline(big_span())
@@ -394,7 +397,7 @@ def test_workers_exit_when_the_application_is_killed(tmp_path: Path) -> None:
     )
     assert app.stdout is not None
     pids = [int(pid) for pid in app.stdout.readline().split()]
-    assert len(pids) == 2
+    assert len(pids) >= 2  # and a helper, when the machine was busy enough to call for one
     app.kill()
     app.wait()
     deadline = time.monotonic() + 30
