@@ -39,6 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from .._errors import WorkerError as WorkerError
+from .._errors import WorkerGone as WorkerGone
 from .worker import Raw, RawValue, read_frame, unpack, write_frame, yield_cpu
 
 __all__ = ["Pool", "Raw", "WorkerError", "WorkerGone"]
@@ -57,19 +59,6 @@ START_HELP_SECONDS = 2.0
 logger = logging.getLogger("looptrace")
 
 Release = Callable[[], None]
-
-
-class WorkerGone(Exception):
-    """The answer will not come: a worker died (``reason == "broken"``) or the pool was closed
-    (``"shutdown"``)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class WorkerError(Exception):
-    """The call raised inside the worker, which lives on. The message names the error."""
 
 
 def _command(idle: bool = True) -> list[str]:
