@@ -14,7 +14,6 @@ import re
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,34 +26,24 @@ from looptrace import _semconv as sc
 from looptrace._store import Store
 from looptrace._wire import DecodedSpan
 from store_support import decoded_span
+from test_collector import running_collector
+from viewer_support import (
+    browser_test,
+    launch_chromium,
+    needs_chromium,
+    new_tab,
+    open_page,
+    screenshot,
+)
 
 uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 
 from looptrace.collector import viewer  # noqa: E402
-from looptrace.collector.app import create_app  # noqa: E402
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-ROOT = Path(__file__).resolve().parent.parent
 XSS_NAME = "<script>window.__xss=1</script>"
 XSS_ATTR = '<img src=x onerror="window.__xss=2"><b>bold</b>'
 BIG_OUTPUT_CHARS = 5000
-
-browser_test = pytest.mark.browser
-needs_chromium = pytest.mark.skipif(
-    not CHROMIUM.exists(),
-    reason="needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)",
-)
 
 
 # --------------------------------------------------------------------------------------------
@@ -374,63 +363,19 @@ def store(store_path: Path) -> Iterator[Store]:
 @pytest.fixture(scope="module")
 def base_url(store_path: Path) -> Iterator[str]:
     """The collector app with the viewer's routes, on uvicorn at an ephemeral port."""
-    app = create_app(store_path, extra_routes=viewer.routes())
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive(), "the collector exited while starting"
-        assert time.monotonic() < deadline, "the collector did not start within 10 s"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with running_collector(store_path, extra_routes=viewer.routes()) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Debian's headless chromium driven by Playwright (never a downloaded browser)."""
-    if not CHROMIUM.exists():
-        pytest.skip("needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+    yield from launch_chromium()
 
 
 @pytest.fixture
 def page(browser: Any, base_url: str) -> Iterator[Any]:
-    """A fresh tab; the test fails if the page logs a script error or a CSP violation."""
-    context = browser.new_context(viewport={"width": 1280, "height": 800}, base_url=base_url)
-    context.set_default_timeout(5000)
-    tab = context.new_page()
-    problems: list[str] = []
-    tab.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-    tab.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-    yield tab
-    context.close()
-    assert problems == []
-
-
-def _open(page: Any, path: str) -> None:
-    page.goto(path)
-    page.wait_for_selector("body[data-ready='1']")
-
-
-def _shot(page: Any, name: str, tmp_path: Path) -> Path:
-    if os.environ.get("LOOPTRACE_SAVE_SCREENSHOTS") == "1":
-        target = ROOT / "docs" / "img" / f"viewer-{name}.png"
-    else:
-        target = tmp_path / f"viewer-{name}.png"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(target))
-    assert target.stat().st_size > 0
-    return target
+    with new_tab(browser, base_url) as tab:
+        yield tab
 
 
 def _rows(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -454,7 +399,7 @@ def _demo_case(store: Store, *, error: bool, experiment_index: int = 0) -> dict[
 def test_trace_list_shows_the_stores_newest_traces(page: Any, store: Store, tmp_path: Path) -> None:
     """The list page shows the newest traces in the store, newest first, with their span
     counts, and links each to its own page."""
-    _open(page, "/")
+    open_page(page, "/")
     expected = store.list_traces(limit=50)
     rows = page.locator("table.traces tbody tr")
     assert rows.count() == len(expected)
@@ -466,7 +411,7 @@ def test_trace_list_shows_the_stores_newest_traces(page: Any, store: Store, tmp_
     assert first.locator("td").nth(4).inner_text() == str(expected[0]["span_count"])
     assert first.locator("a").first.get_attribute("href") == f"/traces/{expected[0]['trace_id']}"
     assert "capitals-demo" in page.locator("table.traces").inner_text()
-    _shot(page, "traces", tmp_path)
+    screenshot(page, "traces", tmp_path)
 
 
 @browser_test
@@ -474,7 +419,7 @@ def test_trace_list_shows_the_stores_newest_traces(page: Any, store: Store, tmp_
 def test_trace_list_filters_and_pages(page: Any, store: Store) -> None:
     """The filter form narrows the list by status and name through the address bar, and the
     pager moves by whole pages."""
-    _open(page, "/")
+    open_page(page, "/")
     page.select_option("select[name=status]", "error")
     page.click("form.filters button[type=submit]")
     page.wait_for_url(re.compile(r"status=error"))
@@ -484,12 +429,12 @@ def test_trace_list_filters_and_pages(page: Any, store: Store) -> None:
     ids = [r.get_attribute("data-trace-id") for r in page.locator("table.traces tbody tr").all()]
     assert ids == [t["trace_id"] for t in errors]
 
-    _open(page, "/?name=case%201")
+    open_page(page, "/?name=case%201")
     named = store.list_traces(limit=50, name="case 1")
     assert page.locator("table.traces tbody tr").count() == len(named) > 0
 
     total = len(store.list_traces(limit=1000))
-    _open(page, "/?offset=2")
+    open_page(page, "/?offset=2")
     assert page.locator("table.traces tbody tr").count() == min(50, total - 2)
     assert page.locator(".pager").inner_text().startswith("← newer")
 
@@ -502,7 +447,7 @@ def test_clicking_a_trace_opens_its_waterfall_and_a_span_shows_inputs_and_output
     """From the list, a trace opens as a waterfall with one row per span, nested under its
     parent; clicking a span shows its input and output as pretty-printed JSON."""
     case = _demo_case(store, error=False)
-    _open(page, "/")
+    open_page(page, "/")
     page.click(f"tr[data-trace-id='{case['trace_id']}'] a")
     page.wait_for_url(f"**/traces/{case['trace_id']}")
     page.wait_for_selector("body[data-ready='1']")
@@ -527,7 +472,7 @@ def test_clicking_a_trace_opens_its_waterfall_and_a_span_shows_inputs_and_output
         '"'
     )
     assert page.locator(".wf-row.selected").get_attribute("data-span-id") == generate["span_id"]
-    _shot(page, "trace", tmp_path)
+    screenshot(page, "trace", tmp_path)
 
 
 @browser_test
@@ -538,7 +483,7 @@ def test_a_failing_case_shows_red_spans_and_its_exception(page: Any, store: Stor
     case = _demo_case(store, error=True)
     spans = store.get_trace(case["trace_id"])
     failed = [s for s in spans if s["status_code"] == 2]
-    _open(page, f"/traces/{case['trace_id']}")
+    open_page(page, f"/traces/{case['trace_id']}")
     assert page.locator(".wf-row.error").count() == len(failed) > 0
     color = page.locator(".wf-row.error .bar").first.evaluate(
         "e => getComputedStyle(e).backgroundColor"
@@ -559,13 +504,12 @@ def test_a_trace_past_the_read_cap_says_it_was_cut(
     and says how many of how many."""
     trace = max(store.list_traces(limit=1000), key=lambda t: t["span_count"])
     assert trace["span_count"] > 3
-    from test_collector import running_collector
 
     with running_collector(store_path, extra_routes=viewer.routes(), max_trace_spans=3) as url:
         context = browser.new_context(base_url=url)
         try:
             tab = context.new_page()
-            _open(tab, f"/traces/{trace['trace_id']}")
+            open_page(tab, f"/traces/{trace['trace_id']}")
             assert tab.locator(".wf-row").count() == 3
             banner = tab.locator("#truncated").inner_text()
             assert f"first 3 of {trace['span_count']:,} spans" in banner
@@ -579,7 +523,7 @@ def test_an_llm_span_shows_model_tokens_and_the_conversation(page: Any) -> None:
     """A span with GenAI attributes shows model, tokens and time to first chunk, then the
     conversation by role (system, user, the assistant's tool call); the message attributes are
     not repeated in the attribute table."""
-    _open(page, f"/traces/{LLM_TRACE}#span={2:016x}")
+    open_page(page, f"/traces/{LLM_TRACE}#span={2:016x}")
     panel = page.locator("#span-panel")
     panel.locator(".conversation").wait_for()
     facts = panel.locator("dl.kv").nth(1).inner_text()
@@ -606,7 +550,7 @@ def test_an_experiment_with_llm_calls_shows_its_token_totals(page: Any, store: S
     full = store.get_experiment(TOKENS_EXPERIMENT)
     assert full is not None
     assert (full["input_tokens"], full["output_tokens"]) == (30, 3)
-    _open(page, f"/experiments/{TOKENS_EXPERIMENT}")
+    open_page(page, f"/experiments/{TOKENS_EXPERIMENT}")
     assert page.locator(".card[data-tokens]").inner_text().endswith("30 in · 3 out")
     assert "Tokens in / out" in page.locator("table.cases thead").inner_text()
     cells = page.locator("table.cases tbody tr")
@@ -625,7 +569,7 @@ def test_spans_that_saw_loop_lag_are_marked(page: Any, store: Store) -> None:
     assert lagged, "the demo runs under a lag monitor"
     worst = lagged[0]
     assert worst["lag_max_ms"] > 5, "the demo blocks the loop for 15 ms"
-    _open(page, f"/traces/{worst['trace_id']}#span={worst['span_id']}")
+    open_page(page, f"/traces/{worst['trace_id']}#span={worst['span_id']}")
     row = page.locator(f".wf-row[data-span-id='{worst['span_id']}']")
     assert page.locator(".wf-row.selected").get_attribute("data-span-id") == worst["span_id"]
     if worst["lag_max_ms"] > 10:
@@ -641,7 +585,7 @@ def test_spans_that_saw_loop_lag_are_marked(page: Any, store: Store) -> None:
 def test_in_progress_spans_are_open_ended_and_large_values_collapsed(page: Any) -> None:
     """An in-progress span is drawn to the end of the axis with the open style; an output past
     2 KB starts collapsed and opens on click."""
-    _open(page, f"/traces/{OPEN_TRACE}")
+    open_page(page, f"/traces/{OPEN_TRACE}")
     open_bar = page.locator(f".wf-row[data-span-id='{1:016x}'] .bar")
     assert "open" in (open_bar.get_attribute("class") or "")
     left = open_bar.evaluate("e => parseFloat(e.style.left) + parseFloat(e.style.width)")
@@ -660,7 +604,7 @@ def test_in_progress_spans_are_open_ended_and_large_values_collapsed(page: Any) 
 def test_span_data_renders_as_text_never_as_html(page: Any) -> None:
     """A span named <script>..., an attribute holding HTML and an input holding a script tag
     all appear as literal text: nothing runs and no element is created from them."""
-    _open(page, f"/traces/{XSS_TRACE}")
+    open_page(page, f"/traces/{XSS_TRACE}")
     assert page.locator("h1").inner_text() == XSS_NAME
     assert page.locator(".wf-row .name").first.inner_text() == XSS_NAME
     page.locator("#span-panel td", has_text="<img").wait_for()
@@ -669,7 +613,7 @@ def test_span_data_renders_as_text_never_as_html(page: Any) -> None:
     page.locator("#span-panel pre.json", has_text="window.__xss=3").wait_for()
     assert page.evaluate("window.__xss") is None
     assert page.locator("main img, main b, main script").count() == 0
-    _open(page, "/?offset=0&name=" + "%3Cscript%3E")
+    open_page(page, "/?offset=0&name=" + "%3Cscript%3E")
     assert page.locator("table.traces tbody td a").first.inner_text() == XSS_NAME
     assert page.evaluate("window.__xss") is None
 
@@ -681,7 +625,7 @@ def test_experiment_pages_show_the_demos_scores(page: Any, store: Store, tmp_pat
     experiment lists every case by name (a test's name, for an experiment the pytest plugin
     made) with input, output, expected and scores, linked to its trace."""
     experiments = store.list_experiments()
-    _open(page, "/experiments")
+    open_page(page, "/experiments")
     rows = page.locator("table.experiments tbody tr")
     assert [r.get_attribute("data-experiment-id") for r in rows.all()] == [
         e["id"] for e in experiments
@@ -691,7 +635,7 @@ def test_experiment_pages_show_the_demos_scores(page: Any, store: Store, tmp_pat
     assert str(newest["case_count"]) in text
     for score in newest["scores"].values():
         assert f"{score['mean']:.3f}" in text
-    _shot(page, "experiments", tmp_path)
+    screenshot(page, "experiments", tmp_path)
 
     rows.nth(0).locator("a").click()
     page.wait_for_url(f"**/experiments/{newest['id']}")
@@ -709,7 +653,7 @@ def test_experiment_pages_show_the_demos_scores(page: Any, store: Store, tmp_pat
     assert str(first["expected"]).strip('"') in row.inner_text()
     href = row.locator("a", has_text="trace").get_attribute("href")
     assert href == f"/traces/{first['trace_id']}#span={first['span_id']}"
-    _shot(page, "experiment", tmp_path)
+    screenshot(page, "experiment", tmp_path)
 
 
 @browser_test
@@ -718,7 +662,7 @@ def test_two_experiments_compare_by_score(page: Any, store: Store, tmp_path: Pat
     """Ticking two experiments and pressing Compare shows both score means and their
     difference, and the cases side by side."""
     a, b = store.list_experiments()[:2]
-    _open(page, "/experiments")
+    open_page(page, "/experiments")
     page.check(f"input[data-experiment-id='{a['id']}']")
     assert page.locator("#compare").is_disabled()
     page.check(f"input[data-experiment-id='{b['id']}']")
@@ -731,7 +675,7 @@ def test_two_experiments_compare_by_score(page: Any, store: Store, tmp_path: Pat
         assert f"{b['scores'][name]['mean']:.3f}" in row
     indexes = {c["case_index"] for e in (a, b) for c in store.get_experiment(e["id"])["cases"]}  # type: ignore[index]
     assert page.locator("table.compare-cases tbody tr").count() == len(indexes)
-    _shot(page, "compare", tmp_path)
+    screenshot(page, "compare", tmp_path)
 
 
 @browser_test
@@ -741,13 +685,13 @@ def test_lag_page_charts_every_summary(page: Any, store: Store, tmp_path: Path) 
     lists the spans that saw the most lag."""
     summaries = store.lag_summaries(limit=500)["summaries"]
     assert summaries, "the demo runs a lag monitor with summaries"
-    _open(page, "/lag")
+    open_page(page, "/lag")
     assert page.locator("#lag-chart circle.dot-p99").count() == len(summaries)
     # Lines join adjacent windows of one process; how many the demo makes depends on how long
     # its monitor ran, so the worst lag is checked by its points.
     assert page.locator("#lag-chart circle.dot-max").count() >= 1
     assert page.locator("table.worst tbody tr").count() > 0
-    _shot(page, "lag", tmp_path)
+    screenshot(page, "lag", tmp_path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -882,7 +826,6 @@ def test_the_lag_chart_is_right_for_one_point_for_gaps_and_for_processes(
     """The lag chart draws one summary as a dot (nanosecond timestamps no longer make every
     coordinate NaN), breaks the line where summaries stop for a while, and draws each process
     as its own line."""
-    from test_collector import running_collector
 
     path = tmp_path / "lag.db"
     with Store(path) as store:
@@ -891,7 +834,7 @@ def test_the_lag_chart_is_right_for_one_point_for_gaps_and_for_processes(
         context = browser.new_context(base_url=url)
         try:
             tab = context.new_page()
-            _open(tab, "/lag")
+            open_page(tab, "/lag")
             chart = tab.locator("#lag-chart")
             assert chart.locator("circle.dot-p99").count() == dots
             assert chart.locator("polyline.p99").count() == lines
@@ -914,7 +857,6 @@ def test_the_span_panel_rounds_numbers_shows_stacks_as_lines_and_says_ok(
     """In the span panel a float attribute is rounded (its exact value on hover), a loop
     stall's stack reads as lines rather than one string with literal \\n, and a span whose
     status is unset reads as ok, as the trace list says."""
-    from test_collector import running_collector
 
     path = tmp_path / "panel.db"
     start = 1_795_000_000_000_000_000
@@ -943,7 +885,7 @@ def test_the_span_panel_rounds_numbers_shows_stacks_as_lines_and_says_ok(
         context = browser.new_context(base_url=url)
         try:
             tab = context.new_page()
-            _open(tab, f"/traces/{0x7A:032x}#span={1:016x}")
+            open_page(tab, f"/traces/{0x7A:032x}#span={1:016x}")
             panel = tab.locator("#span-panel")
             panel.locator("pre.lines").wait_for()
             assert panel.locator("pre.lines").inner_text().splitlines() == [
@@ -964,7 +906,7 @@ def test_a_subtree_folds_and_unfolds(page: Any, store: Store) -> None:
     """The fold toggle hides a span's descendants and brings them back."""
     case = _demo_case(store, error=False)
     spans = _rows(store.get_trace(case["trace_id"]))
-    _open(page, f"/traces/{case['trace_id']}")
+    open_page(page, f"/traces/{case['trace_id']}")
     rows = page.locator(".wf-row")
     assert rows.count() == len(spans)
     root = rows.nth(0)
@@ -982,7 +924,7 @@ def test_a_10000_span_trace_opens_folded_with_a_minimap_and_search_finds_a_deep_
 ) -> None:
     """A trace of 10,001 spans opens with only the root's children drawn, a minimap of all of
     them, and a search that finds, counts, reveals and selects a span three levels down."""
-    _open(page, f"/traces/{BIG_TRACE}")
+    open_page(page, f"/traces/{BIG_TRACE}")
     assert page.locator(".wf-row").count() == 1 + BIG_BATCHES
     assert page.locator("#minimap").evaluate("c => c.width") > 100
     page.fill("#trace-search", "golden-haystack")
@@ -993,7 +935,7 @@ def test_a_10000_span_trace_opens_folded_with_a_minimap_and_search_finds_a_deep_
     # Its batch opened to show it; the other 99 batches stay folded.
     assert page.locator(".wf-row").count() == 1 + BIG_BATCHES + BIG_ITEMS
     page.locator("#span-panel h2", has_text="item 57.42").wait_for()
-    _shot(page, "trace-large", tmp_path)
+    screenshot(page, "trace-large", tmp_path)
 
     # The keyboard: from the root, down to batch 0, open it, into its first item, back up to
     # the batch, and fold it again.
@@ -1026,7 +968,7 @@ def test_a_10000_span_trace_opens_folded_with_a_minimap_and_search_finds_a_deep_
 def test_the_trace_list_filters_by_service_duration_and_time(page: Any, store: Store) -> None:
     """Service, minimum duration and time range narrow the list (the filters go in the
     address, so the filtered list can be shared); the list agrees with the store."""
-    _open(page, "/")
+    open_page(page, "/")
     page.select_option("select[name=service]", "viewer-test")
     page.click("form.filters button[type=submit]")
     page.wait_for_url(re.compile(r"service=viewer-test"))
@@ -1038,14 +980,14 @@ def test_the_trace_list_filters_by_service_duration_and_time(page: Any, store: S
     assert {XSS_TRACE, OPEN_TRACE, BIG_TRACE} <= ids
     assert all(t["service_name"] == "viewer-test" for t in store.list_traces(service="viewer-test"))
 
-    _open(page, "/?service=viewer-test&min_duration_ms=100")
+    open_page(page, "/?service=viewer-test&min_duration_ms=100")
     ids = set(
         page.locator("tr[data-trace-id]").evaluate_all("rs => rs.map(r => r.dataset.traceId)")
     )
     # A second long; the hand-made others last milliseconds or are still running.
     assert ids == {BIG_TRACE}
 
-    _open(page, "/?range=900")
+    open_page(page, "/?range=900")
     listed = page.locator("tr[data-trace-id]").count()
     recent = store.list_traces(limit=51, since_ns=time.time_ns() - 900 * 10**9)
     assert listed == min(len(recent), 50) > 0
@@ -1062,7 +1004,7 @@ def test_the_lag_page_leads_with_what_blocked_the_loop(page: Any, store: Store) 
     # On a loaded machine another step can stall longer than the demo's own: find its row.
     culprit = next(c for c in culprits if c["function"] == "generate")
     assert culprit["filepath"].endswith("_demo.py")
-    _open(page, "/lag")
+    open_page(page, "/lag")
     first = page.locator("h2").first.inner_text()
     assert first == "What blocked the loop"
     row = (
@@ -1085,7 +1027,6 @@ def test_a_bytes_output_says_it_is_base64(browser: Any, tmp_path: Path) -> None:
     base64, and how many; a text output gets no such note."""
     import looptrace
     from looptrace.testing import capture_spans
-    from test_collector import running_collector
 
     @looptrace.traced(name="thumbnail")
     def thumbnail(name: str) -> bytes:
@@ -1110,7 +1051,7 @@ def test_a_bytes_output_says_it_is_base64(browser: Any, tmp_path: Path) -> None:
         context = browser.new_context(base_url=url)
         try:
             tab = context.new_page()
-            _open(tab, f"/traces/{span.trace_id:032x}#span={span.span_id:016x}")
+            open_page(tab, f"/traces/{span.trace_id:032x}#span={span.span_id:016x}")
             hint = tab.locator("#span-panel .bytes-hint")
             hint.wait_for()
             assert hint.count() == 1  # the output; the input is a dict of text
@@ -1139,7 +1080,7 @@ def test_sessions_list_their_traces_users_tokens_and_cost(
     expected = [s["session_id"] for s in store.list_sessions()]
     # The demo's sessions, if it makes any, are newer than the support bot's two.
     assert expected[-2:] == [SESSION_B, SESSION_A]
-    _open(page, "/sessions")
+    open_page(page, "/sessions")
     assert page.locator("[data-nav='sessions']").get_attribute("class") == "active"
     assert _ids(page, "table.sessions tbody tr", "data-session-id") == expected
     a = page.locator(f"tr[data-session-id='{SESSION_A}'] td")
@@ -1151,7 +1092,7 @@ def test_sessions_list_their_traces_users_tokens_and_cost(
     b = page.locator(f"tr[data-session-id='{SESSION_B}'] td.cost")
     assert b.inner_text() == "$0.000062+"
     assert "1 LLM call of unknown price" in (b.get_attribute("title") or "")
-    _shot(page, "sessions", tmp_path)
+    screenshot(page, "sessions", tmp_path)
 
     page.click(f"tr[data-session-id='{SESSION_A}'] a")
     page.wait_for_url(f"**/sessions/{SESSION_A}")
@@ -1169,7 +1110,7 @@ def test_sessions_list_their_traces_users_tokens_and_cost(
     assert page.locator(".card[data-cost] .v").inner_text() == "$0.0017"
     assert page.locator(".card[data-tokens] .v").inner_text() == "1428 in · 101 out"
     assert "1 score" in page.locator("table.session-traces tbody tr").nth(1).inner_text()
-    _shot(page, "session", tmp_path)
+    screenshot(page, "session", tmp_path)
 
 
 @browser_test
@@ -1178,7 +1119,7 @@ def test_the_trace_list_filters_by_user_session_tag_and_metadata(page: Any, stor
     """User, session, tag and metadata (key=value) narrow the list through the address, each
     filter combinable with the others and a tag or metadata filter repeatable; the list agrees
     with the store."""
-    _open(page, "/")
+    open_page(page, "/")
     page.fill("form.filters input[name=user]", "grace")
     page.click("form.filters button[type=submit]")
     page.wait_for_url(re.compile(r"user=grace"))
@@ -1188,7 +1129,7 @@ def test_the_trace_list_filters_by_user_session_tag_and_metadata(page: Any, stor
     assert _ids(page, "table.traces tbody tr", "data-trace-id") == grace
     assert page.locator("form.filters input[name=user]").input_value() == "grace"
 
-    _open(page, f"/?session={SESSION_A}")
+    open_page(page, f"/?session={SESSION_A}")
     session_a = [f"{t:032x}" for t in (0x5A3, 0x5A2, 0x5A1)]
     assert _ids(page, "table.traces tbody tr", "data-trace-id") == session_a
     row = page.locator(f"tr[data-trace-id='{SCORED_TRACE}']")
@@ -1197,19 +1138,19 @@ def test_the_trace_list_filters_by_user_session_tag_and_metadata(page: Any, stor
     assert row.locator("td.tokens").inner_text() == "486 / 41"
     assert row.locator("td.session a").get_attribute("href") == f"/sessions/{SESSION_A}"
 
-    _open(page, "/?tag=support&tag=beta")
+    open_page(page, "/?tag=support&tag=beta")
     assert _ids(page, "table.traces tbody tr", "data-trace-id") == session_a
     assert page.locator("form.filters input[name=tag]").count() == 3  # two, and one to add
 
-    _open(page, "/")
+    open_page(page, "/")
     page.fill("form.filters input[name=meta]", "plan=free")
     page.click("form.filters button[type=submit]")
     page.wait_for_url(re.compile(r"meta=plan%3Dfree"))
     page.wait_for_selector("body[data-ready='1']")
     assert _ids(page, "table.traces tbody tr", "data-trace-id") == grace
-    _open(page, "/?meta=turn%3D0&tag=support")
+    open_page(page, "/?meta=turn%3D0&tag=support")
     assert _ids(page, "table.traces tbody tr", "data-trace-id") == [f"{0x5A1:032x}"]
-    _open(page, "/?user=grace&tag=beta")
+    open_page(page, "/?user=grace&tag=beta")
     assert page.locator("table.traces").count() == 0
     assert "No more traces" not in page.locator("main").inner_text()
 
@@ -1225,7 +1166,7 @@ def test_a_score_attached_later_shows_on_its_span_not_as_a_row(page: Any, store:
     assert trace is not None
     assert trace["score_count"] == 1 and trace["span_count"] == 2
     assert trace["duration_ns"] == 1400 * 10**6  # not stretched to the score, 5 minutes later
-    _open(page, f"/traces/{SCORED_TRACE}#span={9:016x}")
+    open_page(page, f"/traces/{SCORED_TRACE}#span={9:016x}")
     assert page.locator(".wf-row").count() == 2
     root = page.locator(f".wf-row[data-span-id='{SCORED_SPAN}']")
     badge = root.locator(".score-badge")
@@ -1249,26 +1190,26 @@ def test_cost_shows_beside_tokens_on_a_trace_its_llm_span_and_an_experiment(
     """A trace's head shows its tokens and cost; its LLM span shows the cost with the prompt
     and completion parts; an experiment sums the cost of the cases that have one (a card
     saying how many were priced) and an unpriced case's cost stays blank, never $0."""
-    _open(page, f"/traces/{0x5A3:032x}#span={2:016x}")
+    open_page(page, f"/traces/{0x5A3:032x}#span={2:016x}")
     assert page.locator("#trace-tokens").inner_text() == "530 in · 22 out tokens"
     assert page.locator("#trace-cost").inner_text() == "$0.0015"
     facts = page.locator("#span-panel dl.kv").nth(1)
     facts.wait_for()
     assert "$0.0015 (prompt $0.0012 · completion $0.00031)" in facts.inner_text()
 
-    _open(page, f"/traces/{0x5B2:032x}")
+    open_page(page, f"/traces/{0x5B2:032x}")
     assert page.locator("#trace-cost").count() == 0  # unknown model: no cost, not $0
     assert page.locator("#trace-tokens").inner_text() == "355 in · 18 out tokens"
 
     full = store.get_experiment(TOKENS_EXPERIMENT)
     assert full is not None
     assert (full["cost_usd"], full["costed_cases"]) == (0.015, 1)
-    _open(page, f"/experiments/{TOKENS_EXPERIMENT}")
+    open_page(page, f"/experiments/{TOKENS_EXPERIMENT}")
     card = page.locator(".card[data-cost]")
     assert card.locator(".v").inner_text() == "$0.0150"
     assert "1 of 2 cases priced" in card.inner_text()
     costs = page.locator("table.cases tbody td.cost")
     assert [costs.nth(i).inner_text() for i in range(2)] == ["$0.0150", ""]
-    _open(page, "/experiments")
+    open_page(page, "/experiments")
     row = page.locator(f"tr[data-experiment-id='{TOKENS_EXPERIMENT}'] td.cost")
     assert row.inner_text() == "$0.0150"

@@ -8,8 +8,6 @@ tests drive Debian's headless chromium against the collector serving it.
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,21 +20,20 @@ from experiment_support import experiment_spans
 from looptrace import _semconv as sc
 from looptrace._store import Store
 from store_support import decoded_span
+from test_collector import running_collector
+from viewer_support import (
+    browser_test,
+    launch_chromium,
+    needs_chromium,
+    new_tab,
+    open_page,
+    screenshot,
+)
 
 uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 
 from looptrace.collector import viewer  # noqa: E402
-from looptrace.collector.app import create_app  # noqa: E402
-
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run"]
-
-browser_test = pytest.mark.browser
-needs_chromium = pytest.mark.skipif(
-    not CHROMIUM.exists(),
-    reason="needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)",
-)
 
 HOUR = 3600 * 10**9
 NOW = time.time_ns()
@@ -131,62 +128,19 @@ def store(store_path: Path) -> Iterator[Store]:
 @pytest.fixture(scope="module")
 def base_url(store_path: Path) -> Iterator[str]:
     """The collector with the viewer on uvicorn at an ephemeral port."""
-    app = create_app(store_path, extra_routes=viewer.routes())
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive(), "the collector exited while starting"
-        assert time.monotonic() < deadline, "the collector did not start within 30 s"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with running_collector(store_path, extra_routes=viewer.routes()) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Debian's headless chromium driven by Playwright (never a downloaded browser)."""
-    if not CHROMIUM.exists():
-        pytest.skip("needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+    yield from launch_chromium()
 
 
 @pytest.fixture
 def page(browser: Any, base_url: str) -> Iterator[Any]:
-    """A fresh tab; the test fails if the page logs a script error or a CSP violation."""
-    context = browser.new_context(viewport={"width": 1280, "height": 800}, base_url=base_url)
-    context.set_default_timeout(20_000)
-    tab = context.new_page()
-    problems: list[str] = []
-    tab.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-    tab.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-    yield tab
-    context.close()
-    assert problems == []
-
-
-def _open(page: Any, path: str) -> None:
-    page.goto(path)
-    page.wait_for_selector("body[data-ready='1']")
-
-
-def _shot(page: Any, name: str, tmp_path: Path) -> None:
-    """A screenshot: to docs/img/ with LOOPTRACE_SAVE_SCREENSHOTS=1 (how the docs' are made)."""
-    if os.environ.get("LOOPTRACE_SAVE_SCREENSHOTS") == "1":
-        target = Path(__file__).resolve().parent.parent / "docs" / "img" / f"viewer-{name}.png"
-    else:
-        target = tmp_path / f"viewer-{name}.png"
-    page.screenshot(path=str(target))
-    assert target.stat().st_size > 0
+    with new_tab(browser, base_url) as tab:
+        yield tab
 
 
 def _wait_text(page: Any, selector: str, text: str) -> None:
@@ -323,7 +277,7 @@ def test_the_api_refuses_bad_paging_and_unknown_experiments(base_url: str) -> No
 def test_the_experiment_page_pages_its_cases_with_a_repetition_column(page: Any) -> None:
     """The page draws 100 cases, repetitions as a column (case 0 twice: rep 0 and rep 1), and
     pages forward and back with the page in the address."""
-    _open(page, f"/experiments/{BIG}")
+    open_page(page, f"/experiments/{BIG}")
     rows = page.locator("table.cases tbody tr")
     assert rows.count() == 100
     assert page.inner_text("#case-range") == f"1{DASH}100 of 500"
@@ -348,7 +302,7 @@ def test_errors_and_scorer_errors_are_apart_and_every_failing_scorer_shows(
     """The ERRORS card counts task errors and a SCORER ERRORS card the cases a scorer failed
     on, as the store sums them; filtered to scorer errors, a case on which two scorers raised
     names both."""
-    _open(page, f"/experiments/{BIG}")
+    open_page(page, f"/experiments/{BIG}")
     assert page.inner_text(".card[data-card='errors'] .v") == "4"
     scorer_card = page.locator(".card[data-card='scorer-errors']")
     assert scorer_card.locator(".v").inner_text() == "4"
@@ -363,7 +317,7 @@ def test_errors_and_scorer_errors_are_apart_and_every_failing_scorer_shows(
     assert first.locator("li[data-scorer='judge']").count() == 1
     assert "KeyError: judge" in first.inner_text()
     assert first.locator(".task-error").count() == 0
-    _shot(page, "experiment-errors", tmp_path)
+    screenshot(page, "experiment-errors", tmp_path)
 
     page.select_option("#case-filter", "task_error")
     # The same range as before ("1-4 of 4"): wait for the rows themselves.
@@ -380,7 +334,7 @@ def test_errors_and_scorer_errors_are_apart_and_every_failing_scorer_shows(
 def test_inputs_stay_on_one_line_and_expand_on_click(page: Any) -> None:
     """A long JSON input takes one line in a column wide enough to read, cut with an
     ellipsis; a click opens it indented in place."""
-    _open(page, f"/experiments/{BIG}")
+    open_page(page, f"/experiments/{BIG}")
     cell = page.locator("table.cases tbody tr").nth(0).locator("td.payload.input")
     assert cell.bounding_box()["width"] >= 200
     # Cases 0-4 passed: their rows hold one line each (a failed case may list its errors).
@@ -403,7 +357,7 @@ def test_the_scorer_trend_calls_out_a_regression(page: Any, tmp_path: Path) -> N
     """The last run's page shows each scorer's mean over the runs of the same experiment and
     calls out the one whose mean dropped past the threshold, with the cases that dropped; a
     scorer that moved within the threshold is not called out."""
-    _open(page, f"/experiments/{RUNS[2]}")
+    open_page(page, f"/experiments/{RUNS[2]}")
     page.wait_for_selector("body[data-trend-ready='1']")
     table = page.locator("#trend table.trend-table")
     assert table.locator("thead th.num").count() == 4  # three runs and the change
@@ -419,7 +373,7 @@ def test_the_scorer_trend_calls_out_a_regression(page: Any, tmp_path: Path) -> N
     assert "regressed" not in (length.get_attribute("class") or "")
     assert "none" in length.inner_text()
     assert accuracy.locator("svg.sparkline polyline").count() == 1
-    _shot(page, "experiment-trend", tmp_path)
+    screenshot(page, "experiment-trend", tmp_path)
 
 
 @browser_test
@@ -433,7 +387,7 @@ def test_attribute_keys_wrap_between_words_and_lag_badges_are_whole(
     context = browser.new_context(viewport={"width": 900, "height": 800}, base_url=base_url)
     try:
         page = context.new_page()
-        _open(page, f"/traces/{LAYOUT_TRACE:032x}#span={2:016x}")
+        open_page(page, f"/traces/{LAYOUT_TRACE:032x}#span={2:016x}")
         page.wait_for_selector("#span-panel table.attributes")
         broken = page.evaluate(
             """() => {

@@ -21,7 +21,7 @@ from looptrace._store import Store
 from looptrace.collector import viewer
 from store_support import decoded_span
 from test_collector import running_collector
-from test_viewer import browser, browser_test, needs_chromium  # noqa: F401
+from viewer_support import browser_test, launch_chromium, needs_chromium, new_tab, open_page
 
 # An old run (two processes of "svc", four 100 ms windows each) and, minutes later, a recent
 # one (one process of "other"): three processes, two runs.
@@ -68,24 +68,15 @@ def lag_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    yield from launch_chromium()
+
+
 @pytest.fixture
-def tab(browser: Any, lag_url: str) -> Iterator[Any]:  # noqa: F811
-    context = browser.new_context(
-        viewport={"width": 1280, "height": 800}, base_url=lag_url, timezone_id="UTC"
-    )
-    context.set_default_timeout(5000)
-    page = context.new_page()
-    problems: list[str] = []
-    page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-    yield page
-    context.close()
-    assert not problems, problems
-
-
-def _open(page: Any, path: str) -> None:
-    page.goto(path)
-    page.wait_for_selector("body[data-ready='1']")
+def tab(browser: Any, lag_url: str) -> Iterator[Any]:
+    with new_tab(browser, lag_url, timezone_id="UTC") as page:
+        yield page
 
 
 def _texts(page: Any, selector: str) -> list[str]:
@@ -98,7 +89,7 @@ def test_the_lag_chart_ticks_are_round_distinct_and_on_a_24_hour_clock(tab: Any)
     """Each run on the time axis starts with its clock time, on the 24-hour clock the other pages
     use, then round offsets from it, no two alike; the lag axis ticks at round steps (1, 2 or 5
     times a power of ten) from zero."""
-    _open(tab, "/lag")
+    open_page(tab, "/lag")
     xs = _texts(tab, "#lag-chart text.x-tick")
     # Each run's ticks: its clock time, then offsets from it, every one different.
     runs: list[list[str]] = []
@@ -126,7 +117,7 @@ def test_the_lag_chart_ticks_are_round_distinct_and_on_a_24_hour_clock(tab: Any)
 def test_runs_minutes_apart_keep_their_width_and_each_process_has_its_colour(tab: Any) -> None:
     """Two runs minutes apart are two segments of the axis with a break between them, each
     wide enough to read (not two vertical lines); three processes are three colours."""
-    _open(tab, "/lag")
+    open_page(tab, "/lag")
     chart = tab.locator("#lag-chart")
     assert chart.locator("g.axis-break").count() == 1
     by_series: dict[str, list[float]] = {}
@@ -148,13 +139,13 @@ def test_runs_minutes_apart_keep_their_width_and_each_process_has_its_colour(tab
 def test_the_lag_page_filters_by_service_and_time(tab: Any) -> None:
     """The service filter keeps that service's processes; "last 15 minutes" keeps the recent
     run; the choices stay selected in the form, and the cards follow the filter."""
-    _open(tab, "/lag?service=svc")
+    open_page(tab, "/lag?service=svc")
     series = {
         d.get_attribute("data-series") for d in tab.locator("#lag-chart circle.dot-p99").all()
     }
     assert series == {"svc proc-a-0001", "svc proc-b-0002"}
     assert tab.locator("#lag-filters select[name=service]").input_value() == "svc"
-    _open(tab, "/lag?range=900")
+    open_page(tab, "/lag?range=900")
     dots = tab.locator("#lag-chart circle.dot-p99")
     assert dots.count() == 5
     assert {d.get_attribute("data-series") for d in dots.all()} == {"other proc-c-0003"}
@@ -170,7 +161,7 @@ def test_the_cards_show_the_api_s_named_figures(tab: Any, lag_url: str) -> None:
     import httpx
 
     figures = httpx.get(f"{lag_url}/api/lag?limit=500&worst=20", timeout=10).json()["figures"]
-    _open(tab, "/lag")
+    open_page(tab, "/lag")
     stall = tab.locator(".card[data-figure=worst-stall]")
     assert stall.locator(".v").inner_text() == f"{figures['worst_stall_ms']:.2f} ms"
     assert figures["worst_stall_cause"] in stall.inner_text()

@@ -7,7 +7,6 @@ shows the page; every wait is on a condition in the page, with a generous bound.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,15 @@ import pytest
 
 from looptrace import _semconv as sc
 from looptrace._store import Store
+from test_collector import running_collector
+from viewer_support import (
+    TIMEOUT_MS,
+    browser_test,
+    launch_chromium,
+    needs_chromium,
+    new_tab,
+    open_page,
+)
 
 uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
@@ -26,16 +34,7 @@ pytest.importorskip("starlette")
 from looptrace.collector import live, viewer  # noqa: E402
 from looptrace.collector.app import create_app  # noqa: E402
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run"]
 # Generous: the page polls once a second; a busy CI machine may take many times that.
-LIVE_TIMEOUT_MS = 30_000
-
-browser_test = pytest.mark.browser
-needs_chromium = pytest.mark.skipif(
-    not CHROMIUM.exists(),
-    reason="needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)",
-)
 
 
 def _attr(key: str, value: Any) -> dict[str, Any]:
@@ -125,59 +124,25 @@ def store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(store_path: Path) -> Iterator[tuple[str, Any]]:
-    """The collector with the viewer on uvicorn at an ephemeral port, and its app."""
-    app = create_app(store_path, extra_routes=viewer.routes())
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not srv.started:
-        assert thread.is_alive(), "the collector exited while starting"
-        assert time.monotonic() < deadline, "the collector did not start within 30 s"
-        time.sleep(0.01)
-    port = srv.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", app
-    srv.should_exit = True
-    thread.join(10)
-
-
-@pytest.fixture(scope="module")
-def base_url(server: tuple[str, Any]) -> str:
-    return server[0]
+def base_url(store_path: Path) -> Iterator[str]:
+    """The collector with the viewer on uvicorn at an ephemeral port."""
+    with running_collector(store_path, extra_routes=viewer.routes()) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Debian's headless chromium driven by Playwright (never a downloaded browser)."""
-    if not CHROMIUM.exists():
-        pytest.skip("needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+    yield from launch_chromium()
 
 
 @pytest.fixture
 def page(browser: Any, base_url: str) -> Iterator[Any]:
-    """A fresh tab; the test fails if the page logs a script error or a CSP violation."""
-    context = browser.new_context(viewport={"width": 1280, "height": 800}, base_url=base_url)
-    context.set_default_timeout(LIVE_TIMEOUT_MS)
-    tab = context.new_page()
-    problems: list[str] = []
-    tab.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-    tab.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-    yield tab
-    context.close()
-    assert problems == []
+    with new_tab(browser, base_url) as tab:
+        yield tab
 
 
 def _open(page: Any, path: str) -> None:
-    page.goto(path)
-    page.wait_for_selector("body[data-ready='1']")
+    open_page(page, path)
     # Live once its first look at the store is answered: what is written after shows.
     page.wait_for_selector("#live-toggle.on")
     page.wait_for_selector("body[data-live='ready']")
@@ -190,7 +155,7 @@ def _open(page: Any, path: str) -> None:
 
 
 def test_the_cursor_moves_only_when_the_store_changes(
-    base_url: str, server: tuple[str, Any], monkeypatch: pytest.MonkeyPatch
+    base_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """/api/changes answers the same cursor while nothing is written, and another one once
     spans are committed; with a trace named, it carries that trace's summary."""
@@ -263,7 +228,7 @@ def test_a_new_trace_appears_in_the_list_without_reloading(page: Any, base_url: 
     trace = new_trace_id()
     post(base_url, [span(trace, 1, "arrived live")])
     row = page.locator(f"table.traces tbody tr[data-trace-id='{trace}']")
-    row.wait_for(timeout=LIVE_TIMEOUT_MS)
+    row.wait_for(timeout=TIMEOUT_MS)
     assert "arrived live" in row.inner_text()
     assert page.evaluate("window.__sameDocument") is True
 
@@ -282,15 +247,15 @@ def test_an_open_trace_grows_as_its_spans_arrive(page: Any, base_url: str) -> No
     assert "running" in page.locator(".wf-row .dur").first.inner_text()
 
     post(base_url, [span(trace, 2, "child one", parent=1)])
-    page.locator(".wf-row", has_text="child one").wait_for(timeout=LIVE_TIMEOUT_MS)
+    page.locator(".wf-row", has_text="child one").wait_for(timeout=TIMEOUT_MS)
     post(base_url, [span(trace, 3, "child two", parent=1)])
-    page.locator(".wf-row", has_text="child two").wait_for(timeout=LIVE_TIMEOUT_MS)
+    page.locator(".wf-row", has_text="child two").wait_for(timeout=TIMEOUT_MS)
     assert rows.count() == 3
 
     post(base_url, [span(trace, 1, "root")])
     page.wait_for_function(
         "() => !document.querySelector('.wf-row .dur').textContent.includes('running')",
-        timeout=LIVE_TIMEOUT_MS,
+        timeout=TIMEOUT_MS,
     )
     assert page.locator(f".wf-row.selected[data-span-id='{1:016x}']").count() == 1
     assert page.evaluate("window.__sameDocument") is True
@@ -325,5 +290,5 @@ def test_the_toggle_pauses_live_updates_and_is_remembered(page: Any, base_url: s
     # Resumed, the list catches up with what came while it was paused.
     page.click("#live-toggle")
     page.wait_for_selector("#live-toggle.on")
-    page.locator(f"tr[data-trace-id='{later}']").wait_for(timeout=LIVE_TIMEOUT_MS)
+    page.locator(f"tr[data-trace-id='{later}']").wait_for(timeout=TIMEOUT_MS)
     assert page.evaluate("window.__sameDocument") is True

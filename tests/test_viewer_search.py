@@ -8,7 +8,6 @@ against a collector with a token; every wait is on a condition in the page, gene
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,24 +20,24 @@ from looptrace import _semconv as sc
 from looptrace._store import Store
 from looptrace._wire import DecodedSpan
 from store_support import decoded_span
+from test_collector import running_collector
+from viewer_support import (
+    TIMEOUT_MS,
+    browser_test,
+    launch_chromium,
+    needs_chromium,
+    new_tab,
+    open_page,
+)
 
 uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 
 from looptrace.collector import viewer  # noqa: E402
-from looptrace.collector.app import create_app  # noqa: E402
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run"]
 TOKEN = "search-test-token"
-TIMEOUT_MS = 30_000
 NOW = time.time_ns()
 
-browser_test = pytest.mark.browser
-needs_chromium = pytest.mark.skipif(
-    not CHROMIUM.exists(),
-    reason="needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)",
-)
 
 SEARCH_TRACE = f"{0x5EA1:032x}"
 ITEMS_TRACE = f"{0x5EA2:032x}"
@@ -94,49 +93,21 @@ def store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def base_url(store_path: Path) -> Iterator[str]:
     """The collector with the viewer and a token, on uvicorn at an ephemeral port."""
-    app = create_app(store_path, token=TOKEN, extra_routes=viewer.routes())
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive(), "the collector exited while starting"
-        assert time.monotonic() < deadline, "the collector did not start within 30 s"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with running_collector(store_path, token=TOKEN, extra_routes=viewer.routes()) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Debian's headless chromium driven by Playwright (never a downloaded browser)."""
-    if not CHROMIUM.exists():
-        pytest.skip("needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+    yield from launch_chromium()
 
 
 @pytest.fixture
 def page(browser: Any, base_url: str) -> Iterator[Any]:
     """A fresh tab holding the token's cookie; the test fails on a script error."""
-    context = browser.new_context(viewport={"width": 1280, "height": 800}, base_url=base_url)
-    context.set_default_timeout(TIMEOUT_MS)
-    tab = context.new_page()
-    problems: list[str] = []
-    tab.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-    tab.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-    tab.goto(f"/?token={TOKEN}")
-    tab.wait_for_selector("body[data-ready='1']")
-    yield tab
-    context.close()
-    assert problems == []
+    with new_tab(browser, base_url) as tab:
+        open_page(tab, f"/?token={TOKEN}")
+        yield tab
 
 
 def _auth() -> dict[str, str]:
@@ -147,11 +118,6 @@ def _listed(page: Any) -> list[str]:
     return sorted(
         page.eval_on_selector_all("tr[data-trace-id]", "rows => rows.map(r => r.dataset.traceId)")
     )
-
-
-def _open(page: Any, path: str) -> None:
-    page.goto(path)
-    page.wait_for_selector("body[data-ready='1']")
 
 
 def test_api_searches_by_text_and_attribute(base_url: str) -> None:
@@ -207,7 +173,7 @@ def test_the_search_box_filters_the_list_from_the_address(page: Any) -> None:
     assert _listed(page) == [PAYMENT_TRACE]
     assert page.locator("#trace-search").input_value() == "declined"
 
-    _open(page, "/")
+    open_page(page, "/")
     page.locator("input[name='attr']").first.fill("http.route=/search")
     page.locator("select[name='service']").select_option("api")
     page.locator("#trace-search").press("Enter")
@@ -218,7 +184,7 @@ def test_the_search_box_filters_the_list_from_the_address(page: Any) -> None:
     assert _listed(page) == [SEARCH_TRACE]
     shared = page.url
 
-    _open(page, shared)
+    open_page(page, shared)
     assert _listed(page) == [SEARCH_TRACE]
     assert page.locator("input[name='attr']").first.input_value() == "http.route=/search"
 
@@ -238,7 +204,7 @@ def test_a_trace_and_an_experiment_are_deleted_from_their_pages(
         dialog.accept()
 
     page.on("dialog", accept)
-    _open(page, f"/traces/{DOOMED_TRACE}")
+    open_page(page, f"/traces/{DOOMED_TRACE}")
     page.locator("button[data-delete='trace']").click()
     page.wait_for_url(lambda url: url.rstrip("/").count("/") == 2)  # back at "/"
     page.wait_for_selector("body[data-ready='1']")
@@ -247,7 +213,7 @@ def test_a_trace_and_an_experiment_are_deleted_from_their_pages(
     with Store(store_path) as store:
         assert store.get_trace_summary(DOOMED_TRACE) is None
 
-    _open(page, f"/experiments/{EXPERIMENT}")
+    open_page(page, f"/experiments/{EXPERIMENT}")
     page.locator("button[data-delete='experiment']").click()
     page.wait_for_url("**/experiments")
     page.wait_for_selector("body[data-ready='1']")
