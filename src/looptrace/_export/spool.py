@@ -2,20 +2,8 @@
 process delivers them to the same endpoint (any process: this one later, or the next). The
 folder and its files are :mod:`.spool_dir`'s; sending them, :mod:`.replay`'s.
 
-    <spool folder>/<endpoint key>/               one folder per endpoint (sha256 of its URL)
-        00001764190000000000000-4242-000001-512.otlp    ready: created (ns), pid, counter, spans
-        <ready name>.4243.claim                  claimed by process 4243 (sending it now, or a
-                                                 durable batch still in flight there)
-        .tmp-4242-000002                         being written
-        corrupt/                                 files that did not read back, set aside
-
-A file is ``b"LTSPOOL"``, a version byte, the length of a JSON header (4 bytes, big-endian),
-the header (endpoint, encoding, spans, CRC32 and length of the body, creation time) and the
-body: one OTLP request, uncompressed. It is written under a temporary name in the same folder,
-fsynced, and renamed: a reader sees a whole file or none. Names sort oldest first. Processes
-share a folder by renaming: a claim is an atomic rename to a name that carries the claimer's
-pid, so two processes never send one file at once; a claim whose process is gone (or, where
-processes cannot be asked, an hour old) is claimed again. Delivery is at least once: a
+Files are written whole and claimed by renaming, so processes share a folder (the layout
+and the file format are in :mod:`.spool_dir`'s docstring). Delivery is at least once: a
 process that dies between the backend's answer and the file's removal leaves the file for
 another process to send again.
 
