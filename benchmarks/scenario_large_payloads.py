@@ -631,10 +631,10 @@ def has_langsmith() -> bool:
     return True
 
 
-def langsmith_run(url: str, payload: Any, calls: int) -> tuple[list[float], list[float]]:
-    """LangSmith's SDK as shipped: ``@traceable`` on the same coroutine, its client's
-    background thread batching runs to the mock API (which offers zstd multipart, as the
-    service does)."""
+def _langsmith(url: str) -> tuple[Any, Any, Any]:
+    """LangSmith's SDK as shipped: its client (whose background thread batches runs to the mock
+    API, which offers zstd multipart as the service does), ``@traceable`` on the handler, and
+    the final flush."""
     import langsmith
 
     os.environ["LANGSMITH_TRACING"] = "true"
@@ -647,6 +647,12 @@ def langsmith_run(url: str, payload: Any, calls: int) -> tuple[list[float], list
     async def finish() -> None:
         await asyncio.to_thread(client.flush)
 
+    return client, handle, finish
+
+
+def langsmith_run(url: str, payload: Any, calls: int) -> tuple[list[float], list[float]]:
+    """LangSmith's ``@traceable`` on the same coroutine."""
+    client, handle, finish = _langsmith(url)
     try:
         return asyncio.run(drive(handle, payload, calls, finish))
     finally:
@@ -921,18 +927,7 @@ def flush_otel(url: str, spans: int) -> tuple[list[float], float, float]:
 
 
 def flush_langsmith(url: str, spans: int) -> tuple[list[float], float, float]:
-    import langsmith
-
-    os.environ["LANGSMITH_TRACING"] = "true"
-    client = langsmith.Client(api_url=url, api_key="bench", auto_batch_tracing=True)
-
-    @langsmith.traceable(client=client, name="handle", project_name="bench")
-    async def handle(request: Any) -> str:
-        return "ok"
-
-    async def finish() -> None:
-        await asyncio.to_thread(client.flush)
-
+    client, handle, finish = _langsmith(url)
     try:
         return asyncio.run(burst(handle, spans, finish))
     finally:
