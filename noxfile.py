@@ -15,22 +15,22 @@ SUPPORTED = ["3.10", "3.11", "3.12", "3.13"]
 # The client's and the collector's tests, run once more on uvloop (what uvicorn runs whenever
 # it is installed): tests/conftest.py reads LOOPTRACE_TEST_LOOP.
 UVLOOP_TESTS = [
-    "tests/test_capture.py",
-    "tests/test_pipeline.py",
-    "tests/test_pipeline_faults.py",
-    "tests/test_pipeline_lifecycle.py",
-    "tests/test_buffer_threads.py",
-    "tests/test_exporters.py",
-    "tests/test_http1.py",
-    "tests/test_client_bounds.py",
-    "tests/test_transport_edges.py",
-    "tests/test_offload_send.py",
-    "tests/test_collector.py",
-    "tests/test_collector_bounds.py",
-    "tests/test_collector_edges.py",
-    "tests/test_evals.py",
-    "tests/test_monitor.py",
-    "tests/test_otel.py",
+    "tests/_capture/test_capture.py",
+    "tests/_export/test_pipeline.py",
+    "tests/_export/test_pipeline_faults.py",
+    "tests/_export/test_pipeline_lifecycle.py",
+    "tests/_export/test_buffer_threads.py",
+    "tests/_export/test_exporters.py",
+    "tests/_transport/test_http1.py",
+    "tests/_export/test_client_bounds.py",
+    "tests/_transport/test_transport_edges.py",
+    "tests/_offload/test_offload_send.py",
+    "tests/collector/test_collector.py",
+    "tests/collector/test_collector_bounds.py",
+    "tests/collector/test_collector_edges.py",
+    "tests/evals/test_evals.py",
+    "tests/monitor/test_monitor.py",
+    "tests/otel/test_otel.py",
 ]
 UVLOOP_PYTHON = "3.13"
 

@@ -13,7 +13,7 @@ import pytest
 os.environ["LOOPTRACE_RAISE_INTERNAL_ERRORS"] = "1"
 os.environ["PYTHONASYNCIODEBUG"] = "1"
 for _name in list(os.environ):
-    # LOOPTRACE_SAVE_SCREENSHOTS is a test-run switch (tests/test_viewer.py), not a setting.
+    # LOOPTRACE_SAVE_SCREENSHOTS is a test-run switch (tests/collector/test_viewer.py), not a setting.
     if _name.startswith(("LOOPTRACE_", "OTEL_")) and _name not in (
         "LOOPTRACE_RAISE_INTERNAL_ERRORS",
         "LOOPTRACE_SAVE_SCREENSHOTS",

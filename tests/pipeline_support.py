@@ -11,6 +11,9 @@ from looptrace import _export
 from looptrace._transport import RetryPolicy
 from otlp_server import OtlpTestServer
 
+# Retries fast enough for a test, with a budget a loaded machine stays inside.
+FAST_RETRY = RetryPolicy(base_delay=0.01, max_delay=0.05, budget=10.0)
+
 
 @contextlib.contextmanager
 def checked_server(**options: Any) -> Iterator[OtlpTestServer]:

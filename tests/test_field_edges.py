@@ -176,7 +176,7 @@ def test_disabled_records_and_sends_nothing_from_the_first_call(name: str, tmp_p
 def test_a_backend_that_is_down_is_said_while_running_and_exit_is_quick(tmp_path: Path) -> None:
     """A backend that refuses every connection is reported once at WARNING while the program
     runs (URL and error); the exit does not wait out the 5 s shutdown timeout and says what
-    was lost in one line (without a spool: with one, tests/test_spool.py)."""
+    was lost in one line (without a spool: with one, tests/_export/test_spool.py)."""
     url = f"http://127.0.0.1:{free_port()}/v1/traces"
     body = PROGRAM.replace("result = await looptrace.flush(5)", "result = await looptrace.flush(1)")
     result, stderr, took = run(body, tmp_path, LOOPTRACE_ENDPOINT=url, LOOPTRACE_SPOOL="false")

@@ -60,7 +60,7 @@ SCORER_ERROR_PREFIX = "looptrace.scorer_error."
 
 # -- OpenTelemetry GenAI semantic conventions (v1.41) ---------------------------------------
 # LLM call spans (looptrace._genai) and the scores and experiments built on them use these
-# names; tests/test_semconv.py checks each against opentelemetry-semantic-conventions.
+# names; tests/_genai/test_semconv.py checks each against opentelemetry-semantic-conventions.
 GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
 # Replaced by gen_ai.provider.name; sent as well unless the latest conventions are opted into.
 GEN_AI_SYSTEM = "gen_ai.system"

@@ -23,9 +23,8 @@ import looptrace
 from looptrace._store import Store
 from otel_support import Arrived, arrived, by_name, otel
 from otlp_server import OtlpTestServer
-from pipeline_support import checked_server, install_pipeline
+from pipeline_support import FAST_RETRY, checked_server, install_pipeline
 from store_support import free_port
-from test_pipeline import FAST_RETRY
 
 __all__ = ["otel"]
 
@@ -288,7 +287,7 @@ def test_the_documented_example_runs_as_shown(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    text = (Path(__file__).parent.parent / "docs" / "opentelemetry.md").read_text()
+    text = (Path(__file__).parents[2] / "docs" / "opentelemetry.md").read_text()
     match = re.search(r"```python\n(import sqlite3\n.*?)```", text, re.S)
     assert match is not None, "the example is missing from docs/opentelemetry.md"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOPTRACE_", "OTEL_"))}

@@ -203,7 +203,7 @@ async def test_other_4xx_drop_the_batch_and_log_once_per_status(
 async def test_retry_budget_bounds_an_outage(server: OtlpTestServer) -> None:
     """When the server never recovers, a batch is retried until the budget is spent, then
     dropped as retries_exhausted, with an exact count; flush reports it (without a spool:
-    with one the batch goes there, tests/test_spool.py)."""
+    with one the batch goes there, tests/_export/test_spool.py)."""
     use(server, retry=RetryPolicy(base_delay=0.02, max_delay=0.05, budget=0.5), spool=False)
     server.fail_for(60, status=503)
     make_spans(12)

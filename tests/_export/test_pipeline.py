@@ -28,10 +28,9 @@ from looptrace._transport import (
     parse_retry_after,
 )
 from otlp_server import OtlpTestServer
-from pipeline_support import checked_server, install_pipeline, make_spans
+from pipeline_support import FAST_RETRY, checked_server, install_pipeline, make_spans
 from steps_support import LoopTurns
 
-FAST_RETRY = RetryPolicy(base_delay=0.01, max_delay=0.05, budget=10.0)
 use = functools.partial(install_pipeline, retry=FAST_RETRY)
 
 

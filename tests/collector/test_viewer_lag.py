@@ -17,10 +17,10 @@ import pytest
 pytest.importorskip("playwright")
 pytest.importorskip("uvicorn")
 
+from collector_support import running_collector
 from looptrace._store import Store
 from looptrace.collector import viewer
 from store_support import decoded_span
-from test_collector import running_collector
 from viewer_support import browser_test, launch_chromium, needs_chromium, new_tab, open_page
 
 # An old run (two processes of "svc", four 100 ms windows each) and, minutes later, a recent

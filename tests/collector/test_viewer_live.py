@@ -16,9 +16,9 @@ import httpx
 import orjson
 import pytest
 
+from collector_support import running_collector
 from looptrace import _semconv as sc
 from looptrace._store import Store
-from test_collector import running_collector
 from viewer_support import (
     TIMEOUT_MS,
     browser_test,

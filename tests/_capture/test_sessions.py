@@ -362,7 +362,7 @@ def test_retention_deletes_a_traces_labels_with_it(tmp_path: Path) -> None:
 @pytest.fixture
 def api(chat_store: tuple[Store, dict[str, str]]) -> Iterator[tuple[httpx.Client, dict[str, str]]]:
     pytest.importorskip("starlette")
-    from test_collector import running_collector
+    from collector_support import running_collector
 
     store, ids = chat_store
     with running_collector(store.path) as url, httpx.Client(base_url=url) as client:
@@ -413,7 +413,7 @@ def test_a_session_id_with_a_slash_opens(tmp_path: Path) -> None:
     """A session id is the application's string: one holding "/" or spaces is found by its
     page's API path."""
     pytest.importorskip("starlette")
-    from test_collector import running_collector
+    from collector_support import running_collector
 
     path = tmp_path / "s.db"
     with Store(path) as store:

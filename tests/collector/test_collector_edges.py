@@ -18,11 +18,17 @@ from pathlib import Path
 import httpx
 import pytest
 
+from collector_support import (
+    PB,
+    linux_only,
+    peak_rss_mb,
+    request_body,
+    running_collector,
+    wire_span,
+)
 from looptrace.collector import viewer
 from looptrace.collector.bodies import MAX_MEMBERS
 from store_support import serve_subprocess
-from test_collector import PB, request_body, running_collector, wire_span
-from test_collector_bounds import linux_only, peak_rss_mb
 
 zstandard = pytest.importorskip("zstandard")
 

@@ -20,8 +20,7 @@ from looptrace import _state
 from looptrace.testing import capture_spans
 from otel_support import by_name, otel
 from otlp_server import OtlpTestServer
-from pipeline_support import checked_server, install_pipeline
-from test_pipeline import FAST_RETRY
+from pipeline_support import FAST_RETRY, checked_server, install_pipeline
 
 __all__ = ["otel"]
 

@@ -22,11 +22,11 @@ from typing import Any
 import httpx
 import pytest
 
+from collector_support import running_collector
 from looptrace import _semconv as sc
 from looptrace._store import Store
 from looptrace._wire import DecodedSpan
 from store_support import decoded_span
-from test_collector import running_collector
 from viewer_support import (
     browser_test,
     launch_chromium,

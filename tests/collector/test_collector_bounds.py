@@ -6,31 +6,23 @@ from __future__ import annotations
 
 import gzip
 import os
-import sys
 import threading
 from pathlib import Path
 
 import httpx
-import pytest
 
+from collector_support import (
+    PB,
+    linux_only,
+    peak_rss_mb,
+    request_body,
+    running_collector,
+    wire_span,
+)
 from looptrace import _otlp
 from looptrace._store import Store
 from looptrace.collector.app import DEFAULT_MAX_PENDING_BYTES
 from store_support import serve_subprocess
-from test_collector import PB, request_body, running_collector, wire_span
-
-linux_only = pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="peak RSS from /proc/<pid>/status"
-)
-
-
-def peak_rss_mb(pid: int) -> float:
-    """The process's peak resident set (VmHWM), in MiB."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmHWM")
 
 
 def post_gzip_measured(tmp_path: Path, body: bytes) -> tuple[httpx.Response, float, int]:
