@@ -507,3 +507,50 @@ def test_lag_culprits_group_stalls_by_code_and_name_the_spans_that_waited(
     assert [s["name"] for s in worst["waiting_spans"]] == ["fetch"]
     assert worst["waiting"] == 1
     assert culprits[1]["waiting_spans"] == []
+
+
+def test_absent_fields_are_stored_as_sql_null(tmp_path: Path) -> None:
+    """What a span does not have (a parent, payloads, a session, token counts, a duration while
+    in progress) is NULL in its column, so the partial indexes and the readers' ``IS NULL``
+    filters see it; what it has is stored as given."""
+    path = tmp_path / "n.db"
+    with Store(path) as store:
+        store.write(
+            [
+                dspan(1, 1, end=None, attributes={"looptrace.in_progress": True}),
+                dspan(
+                    1,
+                    2,
+                    parent=1,
+                    attributes={
+                        "session.id": "s1",
+                        "gen_ai.usage.input_tokens": 3,
+                        "llm.cost.total": 0.5,
+                        "input.value": "in",
+                        "looptrace.loop.lag_max_ms": 2.5,
+                    },
+                ),
+            ]
+        )
+    columns = (
+        "parent_span_id, duration_ns, input, output, lag_max_ms, experiment_id, case_index, "
+        "session_id, user_id, span_type, input_tokens, output_tokens, cost_usd"
+    )
+    conn = sqlite3.connect(path)
+    try:
+        types = conn.execute(
+            "SELECT "
+            + ", ".join(f"typeof({c})" for c in columns.split(", "))
+            + " FROM spans ORDER BY span_id"
+        ).fetchall()
+        roots = conn.execute(
+            "SELECT span_id FROM spans INDEXED BY spans_roots WHERE parent_span_id IS NULL"
+        ).fetchall()
+    finally:
+        conn.close()
+    assert types[0] == ("null",) * 13
+    assert types[1] == (
+        "text", "integer", "text", "null", "real", "null", "null",
+        "text", "null", "null", "integer", "null", "real",
+    )  # fmt: skip
+    assert roots == [(f"{1:016x}",)]

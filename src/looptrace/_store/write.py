@@ -49,9 +49,9 @@ class _Job:
 
 _SPAN_COLUMNS = (
     "trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, duration_ns, status_code, "
-    "status_message, attributes, events, links, resource_id, scope_name, scope_version, "
+    "status_message, attributes, events, links, scope_name, scope_version, "
     "trace_state, input, output, lag_max_ms, in_progress, experiment_id, case_index, size, "
-    "session_id, user_id, span_type, input_tokens, output_tokens, cost_usd"
+    "session_id, user_id, span_type, input_tokens, output_tokens, cost_usd, resource_id"
 )
 _UPSERT_SPAN = (
     f"INSERT INTO spans ({_SPAN_COLUMNS}) VALUES ({', '.join('?' * 30)}) "
@@ -176,7 +176,7 @@ class Writer(Retention):
             rid = resources.get(id(span.resource))
             if rid is None:
                 rid = resources[id(span.resource)] = self._resource_id(conn, span.resource)
-            rows.append((*prep.params[:13], rid, *prep.params[13:]))
+            rows.append((*prep.params, rid))
         conn.executemany(_UPSERT_SPAN, rows)
         self._update_traces(conn, list(dict.fromkeys(p.trace_id for p in prepared)))
         # One row per (trace, key, value), however many spans repeat it: the spans of one
@@ -251,115 +251,154 @@ class Writer(Retention):
         conn.execute(_UPDATE_TRACES, (orjson.dumps(trace_ids).decode(),))
 
 
+# Binds as SQL NULL (SQLite stores a NaN as NULL) without the sqlite3 module's adapter
+# lookup, which every None parameter goes through: about 3,000 instructions each, and a span
+# row has ten or so.
+_NULL = float("nan")
+_NO_ITEMS = "[]"
+# The attributes that fill a column of their own or a row elsewhere: a span holding none of
+# them (most spans) skips their lookups.
+_SPECIAL = frozenset(
+    {
+        sc.IN_PROGRESS,
+        sc.LOOP_LAG_MAX_MS,
+        sc.EXPERIMENT_ID,
+        sc.CASE_INDEX,
+        sc.SESSION_ID,
+        sc.USER_ID,
+        sc.SPAN_TYPE,
+        sc.GEN_AI_USAGE_INPUT_TOKENS,
+        sc.GEN_AI_USAGE_OUTPUT_TOKENS,
+        sc.LLM_COST_TOTAL,
+        sc.TAG_TAGS,
+        sc.METADATA,
+    }
+)
+# A score's key as its JSON text starts: looked for in the attributes' text (one search in C)
+# before the attributes are walked.
+_SCORE_KEY_TEXT = '"' + sc.SCORE_PREFIX
+
+
 def _prepare(span: DecodedSpan, parsed: dict[str, Any] | None = None) -> _Prepared:
-    attributes = dict(span.attributes)
-    raw_input = attributes.pop(sc.INPUT_VALUE, None)
-    raw_output = attributes.pop(sc.OUTPUT_VALUE, None)
+    attributes = span.attributes
+    raw_input = attributes.get(sc.INPUT_VALUE)
+    raw_output = attributes.get(sc.OUTPUT_VALUE)
     # Payloads live in their own columns (so a trace can be listed without reading them); a
     # non-string payload from a foreign SDK stays an attribute.
-    if raw_input is not None and not isinstance(raw_input, str):
-        attributes[sc.INPUT_VALUE] = raw_input
-        raw_input = None
-    if raw_output is not None and not isinstance(raw_output, str):
-        attributes[sc.OUTPUT_VALUE] = raw_output
-        raw_output = None
-    in_progress = span.end_ns == 0 or attributes.get(sc.IN_PROGRESS) is True
-    lag = attributes.get(sc.LOOP_LAG_MAX_MS)
-    lag_max = float(lag) if isinstance(lag, (int, float)) and not isinstance(lag, bool) else None
-    experiment_id = attributes.get(sc.EXPERIMENT_ID)
-    experiment_id = str(experiment_id) if experiment_id is not None else None
-    case = attributes.get(sc.CASE_INDEX)
-    case_index = case if isinstance(case, int) and not isinstance(case, bool) else None
+    if raw_input is not None or raw_output is not None:
+        attributes = dict(attributes)
+        if isinstance(raw_input, str):
+            del attributes[sc.INPUT_VALUE]
+        else:
+            raw_input = None
+        if isinstance(raw_output, str):
+            del attributes[sc.OUTPUT_VALUE]
+        else:
+            raw_output = None
     attributes_text = dumps(attributes)
-    events_text = dumps(span.events)
-    links_text = dumps(span.links)
+    events_text = dumps(span.events) if span.events else _NO_ITEMS
+    links_text = dumps(span.links) if span.links else _NO_ITEMS
     size = (
         len(attributes_text)
         + len(events_text)
         + len(links_text)
-        + len(raw_input or "")
-        + len(raw_output or "")
+        + (0 if raw_input is None else len(raw_input))
+        + (0 if raw_output is None else len(raw_output))
         + len(span.name)
         + 160
     )
+    in_progress = span.end_ns == 0
+    lag_max: float | None = None
+    experiment_id: str | None = None
+    case_index: int | None = None
+    session_id = user_id = span_type = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost: float | None = None
+    labels: tuple[tuple[str, str], ...] = ()
     experiment = None
-    if experiment_id is not None:
-        name = attributes.get(sc.EXPERIMENT_NAME)
-        metadata = attributes.get(sc.EXPERIMENT_METADATA)
-        tags = attributes.get(sc.EXPERIMENT_TAGS)
-        experiment = (
-            experiment_id,
-            str(name) if name is not None else None,
-            span.start_ns,
-            _json_column(metadata),
-            _json_column(tags),
-        )
-    scores: list[tuple[str, float, str | None]] = []
-    comments: dict[str, str] = {}
-    for key, value in attributes.items():
-        if key.startswith(sc.SCORE_PREFIX):
-            name = key[len(sc.SCORE_PREFIX) :]
-            # Scores are numbers; a string at "<name>.comment" is that score's comment.
-            if isinstance(value, (bool, int, float)):
-                scores.append((name, float(value), None))
-            elif isinstance(value, str) and name.endswith(sc.SCORE_COMMENT_SUFFIX):
-                comments[name[: -len(sc.SCORE_COMMENT_SUFFIX)]] = value
-    if comments:
-        scores = [(name, v, comments.get(name)) for name, v, _ in scores]
-    duration = span.end_ns - span.start_ns if not in_progress else None
-    session_id = attributes.get(sc.SESSION_ID)
-    user_id = attributes.get(sc.USER_ID)
-    span_type = attributes.get(sc.SPAN_TYPE)
-    input_tokens = attributes.get(sc.GEN_AI_USAGE_INPUT_TOKENS)
-    output_tokens = attributes.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)
-    cost = attributes.get(sc.LLM_COST_TOTAL)
-    # Most spans are no LLM call: checked further only when one of the three is there.
-    if input_tokens is not None or output_tokens is not None or cost is not None:
+    if not _SPECIAL.isdisjoint(attributes):
+        in_progress = in_progress or attributes.get(sc.IN_PROGRESS) is True
+        lag = attributes.get(sc.LOOP_LAG_MAX_MS)
+        if isinstance(lag, (int, float)) and not isinstance(lag, bool):
+            lag_max = float(lag)
+        found = attributes.get(sc.EXPERIMENT_ID)
+        experiment_id = str(found) if found is not None else None
+        case = attributes.get(sc.CASE_INDEX)
+        case_index = case if isinstance(case, int) and not isinstance(case, bool) else None
+        if experiment_id is not None:
+            name = attributes.get(sc.EXPERIMENT_NAME)
+            experiment = (
+                experiment_id,
+                str(name) if name is not None else None,
+                span.start_ns,
+                _json_column(attributes.get(sc.EXPERIMENT_METADATA)),
+                _json_column(attributes.get(sc.EXPERIMENT_TAGS)),
+            )
+        found = attributes.get(sc.SESSION_ID)
+        session_id = None if found is None else str(found)
+        found = attributes.get(sc.USER_ID)
+        user_id = None if found is None else str(found)
+        found = attributes.get(sc.SPAN_TYPE)
+        span_type = None if found is None else str(found)
+        raw_in = attributes.get(sc.GEN_AI_USAGE_INPUT_TOKENS)
+        raw_out = attributes.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)
+        raw_cost = attributes.get(sc.LLM_COST_TOTAL)
         # An agent's span may repeat the usage of the calls inside it: only calls are summed.
-        if attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.GEN_AI_OP_INVOKE_AGENT:
-            input_tokens = output_tokens = cost = None
-        else:
-            input_tokens = _count(input_tokens)
-            output_tokens = _count(output_tokens)
-            cost = _amount(cost)
-    tags = attributes.get(sc.TAG_TAGS)
-    metadata = attributes.get(sc.METADATA)
-    labels = (
-        ()
-        if tags is None and metadata is None
-        else _labels(tags, metadata, {} if parsed is None else parsed)
-    )
+        if (raw_in is not None or raw_out is not None or raw_cost is not None) and (
+            attributes.get(sc.GEN_AI_OPERATION_NAME) != sc.GEN_AI_OP_INVOKE_AGENT
+        ):
+            input_tokens = _count(raw_in)
+            output_tokens = _count(raw_out)
+            cost = _amount(raw_cost)
+        tags = attributes.get(sc.TAG_TAGS)
+        metadata = attributes.get(sc.METADATA)
+        if tags is not None or metadata is not None:
+            labels = _labels(tags, metadata, {} if parsed is None else parsed)
+    scores: list[tuple[str, float, str | None]] = []
+    if _SCORE_KEY_TEXT in attributes_text:
+        comments: dict[str, str] = {}
+        for key, value in attributes.items():
+            if key.startswith(sc.SCORE_PREFIX):
+                name = key[len(sc.SCORE_PREFIX) :]
+                # Scores are numbers; a string at "<name>.comment" is that score's comment.
+                if isinstance(value, (bool, int, float)):
+                    scores.append((name, float(value), None))
+                elif isinstance(value, str) and name.endswith(sc.SCORE_COMMENT_SUFFIX):
+                    comments[name[: -len(sc.SCORE_COMMENT_SUFFIX)]] = value
+        if comments:
+            scores = [(name, v, comments.get(name)) for name, v, _ in scores]
     params = (
         span.trace_id,
         span.span_id,
-        span.parent_span_id or None,
+        span.parent_span_id or _NULL,
         span.name,
         span.kind,
         span.start_ns,
         0 if in_progress and span.end_ns == 0 else span.end_ns,
-        duration,
+        _NULL if in_progress else span.end_ns - span.start_ns,
         span.status_code,
         span.status_message,
         attributes_text,
         events_text,
         links_text,
-        # resource_id is spliced in here by the writer
         span.scope_name,
         span.scope_version,
         span.trace_state,
-        raw_input,
-        raw_output,
-        lag_max,
+        _NULL if raw_input is None else raw_input,
+        _NULL if raw_output is None else raw_output,
+        _NULL if lag_max is None else lag_max,
         int(in_progress),
-        experiment_id,
-        case_index,
+        _NULL if experiment_id is None else experiment_id,
+        _NULL if case_index is None else case_index,
         size,
-        None if session_id is None else str(session_id),
-        None if user_id is None else str(user_id),
-        None if span_type is None else str(span_type),
-        input_tokens,
-        output_tokens,
-        cost,
+        _NULL if session_id is None else session_id,
+        _NULL if user_id is None else user_id,
+        _NULL if span_type is None else span_type,
+        _NULL if input_tokens is None else input_tokens,
+        _NULL if output_tokens is None else output_tokens,
+        _NULL if cost is None else cost,
+        # resource_id is appended by the writer
     )
     return _Prepared(
         params,
