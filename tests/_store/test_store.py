@@ -554,3 +554,42 @@ def test_absent_fields_are_stored_as_sql_null(tmp_path: Path) -> None:
         "text", "null", "null", "integer", "null", "real",
     )  # fmt: skip
     assert roots == [(f"{1:016x}",)]
+
+
+def test_a_schema_4_store_opens_and_reads_lag_summaries_from_their_own_index(
+    tmp_path: Path,
+) -> None:
+    """A store of schema 4 (every span indexed by name) is migrated on opening: the index by
+    name gives way to one of the lag monitor's summary spans alone, which the lag page reads
+    (both before and after the migration, the summaries come back newest first)."""
+    path = tmp_path / "v4.db"
+    lag = {"looptrace.loop.lag.max_ms": 12.0}
+    with Store(path) as s:
+        s.write([dspan(1, 1, name="looptrace.loop.lag", start=0, attributes=lag)])
+        s.write([dspan(2, 1, name="work", start=5)])
+    conn = sqlite3.connect(path)
+    conn.execute("DROP INDEX spans_lag_summaries")
+    conn.execute("CREATE INDEX spans_by_name ON spans (name, start_ns)")
+    conn.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    with Store(path) as s:
+        assert s.schema_version == SCHEMA_VERSION
+        s.write([dspan(3, 1, name="looptrace.loop.lag", start=10, attributes=lag)])
+        summaries = s.lag_summaries()["summaries"]
+    assert [x["trace_id"] for x in summaries] == [f"{3:032x}", f"{1:032x}"]
+    assert summaries[0]["values"] == {"max_ms": 12.0}
+    conn = sqlite3.connect(path)
+    try:
+        indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+        plan = " ".join(
+            str(r[-1])
+            for r in conn.execute(
+                "EXPLAIN QUERY PLAN SELECT span_id FROM spans s WHERE "
+                "s.name = 'looptrace.loop.lag' AND s.start_ns >= 0 ORDER BY s.start_ns DESC"
+            )
+        )
+    finally:
+        conn.close()
+    assert "spans_by_name" not in indexes
+    assert "spans_lag_summaries" in plan

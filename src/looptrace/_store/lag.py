@@ -29,8 +29,10 @@ class LagReads(Connections):
                 "json_extract(r.attributes, '$.\"service.name\"'), "
                 "json_extract(r.attributes, '$.\"service.instance.id\"') FROM spans s "
                 "LEFT JOIN resources r ON r.id = s.resource_id "
-                "WHERE s.name = ? AND s.start_ns >= ? ORDER BY s.start_ns DESC LIMIT ?",
-                (LAG_SPAN_NAME, since_ns or 0, limit),
+                # The name as a literal: the index of summary spans is partial on it.
+                f"WHERE s.name = '{LAG_SPAN_NAME}' AND s.start_ns >= ? "
+                "ORDER BY s.start_ns DESC LIMIT ?",
+                (since_ns or 0, limit),
             ):
                 values = {
                     k[len(LAG_PREFIX) :]: v

@@ -10,10 +10,10 @@ from .. import _semconv as sc
 from .._wire import DecodedSpan
 from .columns import loads
 from .connection import Connections
+from .schema import LAG_SPAN_NAME as LAG_SPAN_NAME
 from .search import search_plan
 from .write import METADATA_LABEL_PREFIX, TAG_LABEL
 
-LAG_SPAN_NAME = "looptrace.loop.lag"
 STATUS_NAMES = {0: "unset", 1: "ok", 2: "error"}
 
 
