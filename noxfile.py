@@ -131,10 +131,10 @@ def interop(session: nox.Session) -> None:
 def agents(session: nox.Session) -> None:
     """The agent-framework integrations (looptrace.integrations) with the frameworks
     themselves: the OpenAI Agents SDK, LangChain and LangGraph, pydantic-ai and LiteLLM
-    (tests/agents). The `agents` extra brings about 55 packages beyond `test` (a fresh session
+    (tests/integrations). The `agents` extra brings about 55 packages beyond `test` (a fresh session
     takes about 8 minutes here, most of it installing), so it has a session of its own, on one
     Python, apart from `tests`."""
     session.install("-e", ".[test,agents]")
     # LiteLLM fetches its price map from the network at import unless told to use its own copy.
     env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    session.run("python", "-m", "pytest", "-q", "tests/agents", *session.posargs, env=env)
+    session.run("python", "-m", "pytest", "-q", "tests/integrations", *session.posargs, env=env)

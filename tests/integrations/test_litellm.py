@@ -1,7 +1,7 @@
 """LiteLLM calls as looptrace spans: the real ``litellm`` package, answering with its own
 ``mock_response`` or calling the fake OpenAI API on 127.0.0.1, the spans read back from a real
-OTLP server. (tests/agents/conftest.py sets ``LITELLM_LOCAL_MODEL_COST_MAP``: LiteLLM would
-otherwise fetch its price map from the network at import.)"""
+OTLP server. (tests/integrations/conftest.py sets ``LITELLM_LOCAL_MODEL_COST_MAP``: LiteLLM
+would otherwise fetch its price map from the network at import.)"""
 
 from __future__ import annotations
 

@@ -11,13 +11,12 @@ import pytest
 from agents_support import atree, tree
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
-from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableLambda, RunnableParallel
 from langchain_core.tools import tool
+from langchain_support import REPLY, ChatModel, model
 
 import looptrace
 from fake_llm_server import attributes
@@ -30,27 +29,6 @@ from looptrace.integrations.langchain import (
 from otlp_server import OtlpTestServer
 
 __all__ = ["otlp"]  # a fixture, used by name
-
-REPLY = "Sunny in Paris"
-USAGE = {"input_tokens": 11, "output_tokens": 3, "total_tokens": 14}
-
-
-class ChatModel(GenericFakeChatModel):
-    """langchain-core's fake chat model, describing itself as ChatOpenAI does (provider and
-    model in its LangSmith parameters), answering with usage as a provider's reply has."""
-
-    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
-        params = super()._get_ls_params(stop=stop, **kwargs)
-        params["ls_provider"] = "openai"
-        params["ls_model_name"] = "gpt-4o-mini"
-        params["ls_temperature"] = 0.2
-        return params
-
-
-def model(*replies: AIMessage) -> ChatModel:
-    if not replies:
-        replies = (AIMessage(content=REPLY, usage_metadata=USAGE),)  # type: ignore[arg-type]
-    return ChatModel(messages=iter(replies))
 
 
 class Shelf(BaseRetriever):

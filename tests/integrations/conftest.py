@@ -21,8 +21,8 @@ os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-# Each file and the distribution it needs. Asked of the installed distributions, not of the
-# import system: with tests/ on sys.path this folder is itself importable as ``agents``.
+# Each file and the distribution it needs (asked of the installed distributions: importing
+# each framework to find out would cost seconds at every collection).
 _NEEDS = {
     "test_openai_agents.py": "openai-agents",
     "test_langchain.py": "langchain-core",

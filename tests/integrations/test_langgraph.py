@@ -12,8 +12,8 @@ import pytest
 from agents_support import atree, sent
 from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
+from langchain_support import REPLY, USAGE, ChatModel, model
 from langgraph.graph import END, START, StateGraph
-from test_langchain import REPLY, USAGE, ChatModel, model
 
 import looptrace
 from fake_llm_server import attributes

@@ -9,13 +9,9 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import agents
 import openai
 import pytest
-from agents.tracing import TracingProcessor, custom_span
-from agents_support import ScriptedLlm, atree
-
-import agents
-import looptrace
 from agents import (
     Agent,
     GuardrailFunctionOutput,
@@ -26,6 +22,10 @@ from agents import (
     function_tool,
     input_guardrail,
 )
+from agents.tracing import TracingProcessor, custom_span
+from agents_support import ScriptedLlm, atree
+
+import looptrace
 from fake_llm_server import USAGE_IN, attributes
 from genai_support import otlp
 from looptrace.integrations import openai_agents
