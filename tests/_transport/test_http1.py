@@ -13,7 +13,12 @@ import pytest
 
 import looptrace
 from loop_matrix import loop_kind  # noqa: F401
-from looptrace._transport.http11 import MAX_RESPONSE_BYTES, Http11Pool, ProtocolError
+from looptrace._transport.http11 import (
+    MAX_RESPONSE_BYTES,
+    WRITE_PIECE_BYTES,
+    Http11Pool,
+    ProtocolError,
+)
 from looptrace._transport.settings import LOOPBACK_SNDBUF, HttpSettings
 from otlp_server import OtlpTestServer
 
@@ -381,3 +386,64 @@ def test_an_answer_sent_before_the_body_was_read_is_the_answer() -> None:
     assert [(getattr(r, "status", r), getattr(r, "body", r)) for r in results] == [
         (413, b"too large")
     ] * 3
+
+
+def test_a_large_body_reaches_a_slow_reader_whole_a_piece_at_a_time() -> None:
+    """A backend that reads slowly gets an 8 MiB body whole, byte for byte, while the loop
+    goes on: the server reads nothing until a task on the client's loop has run 50 more
+    times with the request in flight, then reads in small bites. Meanwhile the transport
+    never holds more than one piece of the body (the rest waits, uncopied, until the socket
+    has taken the last one)."""
+    body = bytes(range(256)) * (32 << 10)  # 8 MiB
+    turns = threading.Event()
+    received: list[bytes] = []
+    sock = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1/traces"
+
+    def serve() -> None:
+        conn, _ = sock.accept()
+        with conn:
+            assert turns.wait(30)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(16384)
+            _, _, rest = data.partition(b"\r\n\r\n")
+            parts = [rest]
+            got = len(rest)
+            while got < len(body):
+                part = conn.recv(16384)
+                if not part:
+                    break
+                parts.append(part)
+                got += len(part)
+            received.append(b"".join(parts))
+            conn.sendall(OK)
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    async def run() -> tuple[int, int]:
+        pool = Http11Pool(HttpSettings(url))
+        post = asyncio.ensure_future(pool.post(body, {}))
+        held = 0
+        try:
+            ran = 0
+            while not post.done():
+                await asyncio.sleep(0 if ran < 50 else 0.001)
+                ran += 1
+                if ran == 50:
+                    turns.set()
+                for conn in pool._busy:
+                    if conn.transport is not None:
+                        held = max(held, conn.transport.get_write_buffer_size())
+            return (await asyncio.wait_for(post, 30)).status, held
+        finally:
+            post.cancel()
+            await pool.aclose()
+
+    try:
+        status, held = asyncio.run(run())
+    finally:
+        sock.close()
+    assert status == 200
+    assert received == [body]
+    assert held <= WRITE_PIECE_BYTES

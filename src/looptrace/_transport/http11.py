@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import functools
 import socket
@@ -65,6 +66,7 @@ __all__ = [
     "MAX_HEAD_BYTES",
     "MAX_INTERIM",
     "MAX_RESPONSE_BYTES",
+    "WRITE_PIECE_BYTES",
     "Http11Pool",
     "ProtocolError",
     "Response",
@@ -82,6 +84,13 @@ MAX_INTERIM = 10
 EVENTS_PER_STEP = 32
 # Requests up to this size go to the transport as one piece (head and body joined).
 _ONE_WRITE_BYTES = 64 * 1024
+# A longer body goes to the transport this much at a time: the next piece only once the
+# transport has passed the last to the socket (flow control: pause_writing, resume_writing),
+# and one piece per step of the loop. Written at once, a body the socket could not take whole
+# was kept by the transport: before Python 3.12 asyncio copies the unsent rest into a
+# bytearray, and moves what is left after every partial send, megabytes of copying on the
+# loop's thread per megabyte sent. A piece at a time, each byte is copied at most once.
+WRITE_PIECE_BYTES = 256 * 1024
 
 
 class _Connection(asyncio.Protocol):
@@ -112,6 +121,11 @@ class _Connection(asyncio.Protocol):
         self._interim = 0
         self._input_ended = False
         self._lost: BaseException | None = None
+        # Flow control of what is written: set while the transport holds unsent bytes.
+        self._writing_paused = False
+        # The rest of a long request, written a piece at a time (see _pump).
+        self._pieces: collections.deque[memoryview] = collections.deque()
+        self._pump_later: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol --
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -122,6 +136,23 @@ class _Connection(asyncio.Protocol):
             # callbacks: each copies at most what the send buffer holds (LOOPBACK_SNDBUF).
             with contextlib.suppress(OSError, AttributeError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._send_buffer)
+        # Paused once the transport holds bytes it could not send, resumed once it holds
+        # none: a long body is written a piece at a time (see WRITE_PIECE_BYTES). Not a
+        # high-water mark of 0: TLS transports pause at a size >= the mark, so at 0 they
+        # would pause with nothing held, and never resume.
+        with contextlib.suppress(NotImplementedError, AttributeError):
+            self.transport.set_write_buffer_limits(high=1, low=0)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        if self._pieces and self._pump_later is None:
+            # In the transport's own write callback, which runs after its read callback in
+            # the same turn of the loop: an answer that came while the body was being
+            # written is read before the next piece can meet the closed connection behind it.
+            self._pump()
 
     def data_received(self, data: bytes) -> None:
         if not self._waiting():
@@ -143,6 +174,7 @@ class _Connection(asyncio.Protocol):
         self._end_of_input()  # what h11 already holds may still be the whole answer
         if self._waiting() and self._later is None:
             self._fail(self._ended_error())
+        self._stop_writing()
         if not self.closed.done():
             self.closed.set_result(None)
 
@@ -158,6 +190,7 @@ class _Connection(asyncio.Protocol):
         if self._later is not None:
             self._later.cancel()
             self._later = None
+        self._stop_writing()
         if self.transport is not None:
             self.transport.abort()
 
@@ -186,16 +219,15 @@ class _Connection(asyncio.Protocol):
                     # h11 frames the body and passes it through uncopied.
                     pieces += self._h11.send_with_data_passthrough(h11.Data(data=body)) or ()
                 pieces.append(self._h11.send(h11.EndOfMessage()) or b"")
-                if len(body) <= _ONE_WRITE_BYTES:
-                    # One send for a small request: a system call costs more than the copy.
-                    transport.write(b"".join(pieces))
-                else:
-                    # Piece by piece: before Python 3.12, writelines() joins them, a copy of
-                    # the whole body on the loop.
-                    for piece in pieces:
-                        transport.write(piece)
             except h11.LocalProtocolError as exc:
                 raise ProtocolError(f"the request could not be framed: {exc}") from None
+            if len(body) <= _ONE_WRITE_BYTES:
+                # One send for a small request: a system call costs more than the copy.
+                transport.write(b"".join(pieces))
+            else:
+                transport.write(pieces[0])  # the head
+                self._pieces.extend(_cut(pieces[1:]))
+                self._pump()
             if self.ended:  # lost before the request went out
                 self._end_of_input()
                 if self._waiting():
@@ -207,8 +239,12 @@ class _Connection(asyncio.Protocol):
         if failure is not None:
             raise failure
         response = Response(self._status, self._headers, bytes(self._body))
+        # Not empty: the answer came before the whole request went out.
+        written = not self._pieces
+        self._stop_writing()
         reusable = (
-            self._whole
+            written
+            and self._whole
             and not self.ended
             and self._h11.our_state is h11.DONE
             and self._h11.their_state is h11.DONE
@@ -218,6 +254,32 @@ class _Connection(asyncio.Protocol):
         if reusable:
             self._h11.start_next_cycle()
         return response, reusable
+
+    def _pump(self) -> None:
+        """Write the next piece of the request: one per step of the loop, and none while the
+        transport holds unsent bytes (its resume_writing calls this again). Once
+        the answer is in (a server may answer 413 before it reads the body, and close) or the
+        connection ended, the rest is not written."""
+        self._pump_later = None
+        transport = self.transport
+        answer = self._answer
+        if not self._pieces or self._writing_paused:
+            return
+        if transport is None or transport.is_closing() or answer is None or answer.done():
+            return
+        transport.write(self._pieces.popleft())
+        if self._pieces and not self._writing_paused:
+            # The socket took it whole: the next piece on the loop's next turn, once it has
+            # polled for input (a timer, not call_soon, which would run before the poll): a
+            # piece written right after another would meet the reset of a server that
+            # answered meanwhile, and the answer sitting unread in front of it would be lost.
+            self._pump_later = self._loop.call_later(0, self._pump)
+
+    def _stop_writing(self) -> None:
+        self._pieces.clear()
+        if self._pump_later is not None:
+            self._pump_later.cancel()
+            self._pump_later = None
 
     # -- reading --
     def _waiting(self) -> bool:
@@ -309,6 +371,15 @@ class _Connection(asyncio.Protocol):
             self._reading_paused = True
             self.transport.pause_reading()
         self._later = self._loop.call_soon(self._step)
+
+
+def _cut(pieces: Sequence[bytes]) -> list[memoryview]:
+    """``pieces`` as views of at most WRITE_PIECE_BYTES (no copy)."""
+    cut: list[memoryview] = []
+    for piece in pieces:
+        view = memoryview(piece)
+        cut += (view[i : i + WRITE_PIECE_BYTES] for i in range(0, len(view), WRITE_PIECE_BYTES))
+    return cut
 
 
 def _over_bounds(
