@@ -299,3 +299,21 @@ def test_batches_that_wait_for_the_writer_share_one_commit(tmp_path: Path) -> No
         assert [str(e) for e in errors] == ["disk I/O error", "disk I/O error"]
         del s._write_locked
         assert sorted(_names(s)) == ["op", "t2", "t3", "t4"]
+
+
+def test_spans_of_one_shape_index_every_trace_they_belong_to(tmp_path: Path) -> None:
+    """Spans repeating one name and attributes (a function called again and again) index each
+    of their traces, in one batch or across batches; a span of that shape with an exception
+    event adds its error's words; a new value of an attribute is a new term."""
+    attrs = {"code.function": "lookup", "tier": 2}
+    with Store(tmp_path / "shape.db") as s:
+        s.write([span(t, name="lookup", attributes=dict(attrs), start=t) for t in (1, 2)])
+        s.write([span(3, name="lookup", attributes=dict(attrs), start=3)])
+        error = {"name": "exception", "time_ns": NOW, "attributes": {"exception.message": "gone"}}
+        s.write([span(4, name="lookup", attributes=dict(attrs), start=4, events=[error])])
+        s.write([span(5, name="lookup", attributes={**attrs, "tier": 3}, start=5)])
+        everything = sorted(_names(s, attrs=[("code.function", "lookup")]))
+        assert everything == ["lookup"] * 5
+        assert len(s.list_traces(attrs=[("tier", "2")])) == 4
+        assert [t["trace_id"] for t in s.list_traces(text="gone")] == [f"{4:032x}"]
+        assert [t["trace_id"] for t in s.list_traces(attrs=[("tier", "3")])] == [f"{5:032x}"]

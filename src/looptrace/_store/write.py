@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any, NamedTuple
 
 import orjson
@@ -27,12 +28,12 @@ class _Prepared(NamedTuple):
     trace_id: str
     span_id: str
     experiment: tuple[str, str | None, int, str | None, str | None] | None
-    scores: list[tuple[str, float, str | None]]
+    scores: Sequence[tuple[str, float, str | None]]
     experiment_id: str | None
     case_index: int | None
     labels: tuple[tuple[str, str], ...]
     size: int
-    terms: set[str]
+    terms: AbstractSet[str]
 
 
 class _Job:
@@ -355,19 +356,21 @@ def _prepare(span: DecodedSpan, parsed: dict[str, Any] | None = None) -> _Prepar
         metadata = attributes.get(sc.METADATA)
         if tags is not None or metadata is not None:
             labels = _labels(tags, metadata, {} if parsed is None else parsed)
-    scores: list[tuple[str, float, str | None]] = []
+    scores: Sequence[tuple[str, float, str | None]] = ()
     if _SCORE_KEY_TEXT in attributes_text:
+        found_scores: list[tuple[str, float, str | None]] = []
         comments: dict[str, str] = {}
         for key, value in attributes.items():
             if key.startswith(sc.SCORE_PREFIX):
                 name = key[len(sc.SCORE_PREFIX) :]
                 # Scores are numbers; a string at "<name>.comment" is that score's comment.
                 if isinstance(value, (bool, int, float)):
-                    scores.append((name, float(value), None))
+                    found_scores.append((name, float(value), None))
                 elif isinstance(value, str) and name.endswith(sc.SCORE_COMMENT_SUFFIX):
                     comments[name[: -len(sc.SCORE_COMMENT_SUFFIX)]] = value
+        scores = found_scores
         if comments:
-            scores = [(name, v, comments.get(name)) for name, v, _ in scores]
+            scores = [(name, v, comments.get(name)) for name, v, _ in found_scores]
     params = (
         span.trace_id,
         span.span_id,
@@ -410,8 +413,30 @@ def _prepare(span: DecodedSpan, parsed: dict[str, Any] | None = None) -> _Prepar
         case_index,
         labels,
         size,
-        span_terms(span.name, span.status_message, attributes, span.events),
+        _terms_of(span, attributes, attributes_text),
     )
+
+
+# The terms of a span without events, by its name, status message and attributes' text: the
+# spans of one function repeat these, so most spans cost a lookup instead of a walk of their
+# attributes. Bounded in entries and in the text they keep.
+_SHAPES: dict[tuple[str, str, str], frozenset[str]] = {}
+_SHAPES_MAX = 2048
+_SHAPE_TEXT_MAX = 512
+
+
+def _terms_of(span: DecodedSpan, attributes: Mapping[str, Any], text: str) -> AbstractSet[str]:
+    if span.events or len(text) > _SHAPE_TEXT_MAX:
+        return span_terms(span.name, span.status_message, attributes, span.events)
+    key = (span.name, span.status_message, text)
+    terms = _SHAPES.get(key)
+    if terms is None:
+        if len(_SHAPES) >= _SHAPES_MAX:
+            _SHAPES.clear()
+        terms = _SHAPES[key] = frozenset(
+            span_terms(span.name, span.status_message, attributes, span.events)
+        )
+    return terms
 
 
 def _count(value: Any) -> int | None:
