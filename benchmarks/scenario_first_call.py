@@ -4,11 +4,18 @@ Each round starts a fresh interpreter that imports looptrace, decorates a corout
 does at import time), then awaits it 100 times on one event loop, timing each call; spans go to
 a local store in a temporary folder, or (the second row) to an OTLP endpoint: the tests' OTLP
 server, in a process of its own; the third row reads the settings before the loop runs, as a
-``looptrace.configure()`` at import does. The first call pays what is left of looptrace's
-start-up on the loop (reading the settings, building the pipeline, starting the flusher); the
-last column is each call's time as a multiple of the hundredth's.
+``looptrace.configure()`` at import does; the last, ``no tracing``, awaits the same coroutine
+undecorated (what a first call costs Python itself). The first call pays what is left of
+looptrace's start-up on the loop; the last column is each call's time as a multiple of the
+hundredth's.
+
+Wall time on a first call is mostly cold caches and pages, which move with the machine;
+``--instructions`` counts, under ``valgrind --tool=callgrind``, the instructions of the first,
+second and hundredth call alone (counting starts at a ``os.getppid()`` just before the call
+and stops at a ``os.getpgrp()`` just after), a figure the machine's load does not move.
 
     .venv/bin/python benchmarks/scenario_first_call.py [--rounds 7] [--old OTHER/src]
+    .venv/bin/python benchmarks/scenario_first_call.py --instructions [--old OTHER/src]
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -37,11 +45,15 @@ async def handle(request):
 if os.environ.get("BENCH_READ_SETTINGS_FIRST"):
     looptrace.get_config()  # the settings read at import, before the loop runs
 
+async def plain(request):
+    return request
+
 async def main():
+    call = plain if os.environ.get("BENCH_UNTRACED") else handle
     times = []
     for i in range(100):
         started = time.perf_counter()
-        await handle({"i": i})
+        await call({"i": i})
         times.append(time.perf_counter() - started)
     await looptrace.flush(timeout=10)
     print(json.dumps({"first": times[0], "second": times[1], "hundredth": times[99]}))
@@ -54,7 +66,31 @@ ROWS = (
     ("local store", "store"),
     ("OTLP endpoint", "otlp"),
     ("store, settings", "settings"),
+    ("no tracing", "untraced"),
 )
+
+# One call counted alone: instructions between a getppid() before it and a getpgrp() after.
+COUNTED = """
+import asyncio, os, sys
+import looptrace
+
+@looptrace.traced
+async def handle(request):
+    return request
+
+WHICH = int(sys.argv[1])
+
+async def main():
+    for i in range(100):
+        if i == WHICH:
+            os.getppid()
+        await handle({"i": i})
+        if i == WHICH:
+            os.getpgrp()
+    os._exit(0)
+
+asyncio.run(main())
+"""
 
 
 def measure(rounds: int, trees: dict[str, str | None]) -> dict[tuple[str, str, str], list[float]]:
@@ -77,6 +113,10 @@ def measure(rounds: int, trees: dict[str, str | None]) -> dict[tuple[str, str, s
                         "settings": {
                             "LOOPTRACE_STORE": os.path.join(tmp, f"{tree}-s-{r}.db"),
                             "BENCH_READ_SETTINGS_FIRST": "1",
+                        },
+                        "untraced": {
+                            "LOOPTRACE_STORE": os.path.join(tmp, f"{tree}-u-{r}.db"),
+                            "BENCH_UNTRACED": "1",
                         },
                     }[kind]
                     env = {**base, **extra}
@@ -108,17 +148,65 @@ def report(rows: dict[tuple[str, str, str], list[float]], rounds: int) -> None:
         )
 
 
+def instructions(trees: dict[str, str | None]) -> None:
+    """Instructions of the first, second and hundredth call, each counted alone, per tree
+    (local store destination)."""
+    if shutil.which("valgrind") is None:
+        print("--instructions needs valgrind")
+        return
+    print("instructions per traced call, each call counted alone (local store)")
+    print(f"{'tree':<8}{'first':>10}{'second':>10}{'hundredth':>11}{'first/100th':>13}")
+    with tempfile.TemporaryDirectory() as tmp:
+        script = os.path.join(tmp, "counted.py")
+        Path(script).write_text(COUNTED)
+        base = {k: v for k, v in os.environ.items() if not k.startswith("LOOPTRACE_")}
+        for tree, src in trees.items():
+            counts = []
+            for which in (0, 1, 99):
+                out = os.path.join(tmp, f"cg-{tree}-{which}")
+                env = {**base, "LOOPTRACE_STORE": os.path.join(tmp, f"{tree}-{which}.db")}
+                if src is not None:
+                    env["PYTHONPATH"] = src
+                subprocess.run(
+                    [
+                        "valgrind",
+                        "--tool=callgrind",
+                        f"--callgrind-out-file={out}",
+                        "--zero-before=os_getppid",
+                        "--dump-before=os_getpgrp",
+                        sys.executable,
+                        script,
+                        str(which),
+                    ],
+                    env=env,
+                    capture_output=True,
+                    check=True,
+                    timeout=600,
+                )
+                (dump,) = [f for f in os.listdir(tmp) if f.startswith(f"cg-{tree}-{which}.")]
+                text = Path(tmp, dump).read_text()
+                counts.append(int(text.split("\nsummary: ", 1)[1].split()[0]))
+            first, second, hundredth = counts
+            print(f"{tree:<8}{first:>10,}{second:>10,}{hundredth:>11,}{first / hundredth:>13.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument(
         "--old", metavar="SRC", help="also run the looptrace in SRC (a checkout's src), alternating"
     )
+    parser.add_argument(
+        "--instructions", action="store_true", help="count instructions (valgrind) instead"
+    )
     args = parser.parse_args()
     here = str(Path(__file__).parent.parent / "src")
     trees: dict[str, str | None] = {"now": here}
     if args.old:
         trees["old"] = args.old
+    if args.instructions:
+        instructions(trees)
+        return
     report(measure(args.rounds, trees), args.rounds)
 
 

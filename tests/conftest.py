@@ -82,12 +82,13 @@ def _reset_pipeline() -> Iterator[None]:
     """After each test: stop the export pipeline (no flusher leaks into the next test) and go
     back to the configuration in the environment."""
     yield
-    from looptrace import _export, _state
+    from looptrace import Config, _export, _state
 
     _export.shutdown_sync(timeout=2.0)
     _export._last_stats[0] = None
     _state.config = None
-    # A test that left looptrace disabled or misconfigured leaves the next one a fresh start.
-    _state.disabled = False
+    # A test that left looptrace disabled or misconfigured leaves the next one a fresh start
+    # (the first spans of a test are recorded with these switches until its settings are read).
+    _state.apply_switches(Config())
     if isinstance(_state.sink, (_state.NullSink, _export.Misconfigured)):
         _state.sink = _export.STARTS_PIPELINE

@@ -105,13 +105,20 @@ config_listeners: list[Callable[[Config], None]] = []
 
 def apply_config(cfg: Config) -> None:
     """Copy the capture switches out of ``cfg`` (the pipeline installs the sink itself)."""
-    global config, disabled, capture_inputs, capture_outputs, max_generator_items
-    global sample_threshold
+    global config
     config = cfg
+    apply_switches(cfg)
+    for listener in config_listeners:
+        listener(cfg)
+
+
+def apply_switches(cfg: Config) -> None:
+    """Only the capture switches of ``cfg``: what the spans of a process's first moments are
+    recorded with, from the settings read as ``@traced`` decorated, until the settings in force
+    are read (on the loop's next turn, off the first traced call)."""
+    global disabled, capture_inputs, capture_outputs, max_generator_items, sample_threshold
     disabled = cfg.disabled
     capture_inputs = cfg.capture_inputs
     capture_outputs = cfg.capture_outputs
     max_generator_items = cfg.max_generator_items
     sample_threshold = int(cfg.sample_rate * (1 << 64))
-    for listener in config_listeners:
-        listener(cfg)

@@ -83,14 +83,19 @@ class Misconfigured:
 
 def _first_sink(defer: bool = True) -> _state.Sink:
     """The sink for spans once the first one needs the settings (see StartsPipeline). On a
-    running loop the pipeline is built on its next turn (first_span.Deferred)."""
+    running loop the span waits and the settings are read, and the pipeline built, on the
+    loop's next turn (first_span.Deferred): the environment scan costs a first traced call as
+    much as the rest of its span, and a callback of looptrace's own frames is charged to
+    looptrace, not to the user's code."""
     with _lock:
-        if _state.sink is STARTS_PIPELINE:
-            get_config()  # may install the disabled or the misconfigured sink
+        loop = asyncio._get_running_loop() if defer else None
+        if (loop is None or _monitor_from_first_span) and _state.sink is STARTS_PIPELINE:
+            # May install the disabled or the misconfigured sink. With the lag monitor on, the
+            # settings it starts with are read now, so that it measures this very span.
+            get_config()
         sink = _state.sink
         if sink is not STARTS_PIPELINE:
             return sink
-        loop = asyncio._get_running_loop() if defer else None
         if loop is not None:
             deferred = _state.sink = Deferred(lambda: _start_deferred(deferred))
             loop.call_soon(deferred.run)
@@ -200,6 +205,8 @@ def _prepare(cfg: Config) -> None:
 
 _prepared = False
 _prepared_for: Config | None = None
+# The settings read as @traced decorated turn the lag monitor on (see _first_sink).
+_monitor_from_first_span = False
 
 
 def prepare_ahead() -> None:
@@ -215,12 +222,32 @@ def prepare_ahead() -> None:
         cfg = Config.from_env()
     except Exception:
         return  # a bad setting is reported where the settings are applied, not here
-    if cfg.disabled:
-        # LOOPTRACE_DISABLED / OTEL_SDK_DISABLED: the first traced call records nothing
-        # either (the settings are applied, in full, when something asks for them).
-        _state.disabled = True
-    else:
+    # The first spans are recorded with these switches (LOOPTRACE_DISABLED: none at all); the
+    # settings themselves are applied, in full, when something asks for them, and the spans
+    # that waited for the pipeline are held to them then (first_span.Deferred).
+    global _monitor_from_first_span
+    _state.apply_switches(cfg)
+    _monitor_from_first_span = cfg.lag_monitor
+    if not cfg.disabled:
         _prepare(cfg)
+        _rehearse_first_span()
+
+
+def _rehearse_first_span() -> None:
+    """Run the first span's steps once, with a span no sink sees: the first run of each (C
+    functions bound by the dynamic linker on first call, code and data touched for the first
+    time) cost a first traced call ten times its own work; here no loop waits for it."""
+    from .. import _clock
+    from .._capture.spans import Span
+
+    span = Span(
+        "looptrace.rehearsal", _clock.new_trace_id(), _clock.new_span_id(), 0, _clock.now_ns()
+    )
+    span.end_ns = _clock.now_ns()
+    rehearsal = Deferred(_state.NullSink)
+    rehearsal.on_start(span)
+    rehearsal.on_end(span)
+    rehearsal.run()
 
 
 def get_config() -> Config:

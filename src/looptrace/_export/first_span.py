@@ -16,10 +16,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .. import _state
+from .._capture.spans import UNSET
 from .._errors import internal_error
 
 if TYPE_CHECKING:
     from .._capture.spans import Span
+
+_MASK64 = (1 << 64) - 1
 
 __all__ = ["Deferred"]
 
@@ -68,6 +71,7 @@ class Deferred:
             sink = self._sink
             if sink is not None:
                 return sink
+            recorded_with = _switches()
             try:
                 sink = self._start()
             except Exception as exc:
@@ -77,6 +81,9 @@ class Deferred:
             starts, ends = self._starts, self._ends
             self._starts, self._ends = [], []
             try:
+                if _switches() != recorded_with:
+                    starts = [span for span in starts if _held_to_settings(span)]
+                    ends = [span for span in ends if _held_to_settings(span)]
                 for span in starts:
                     sink.on_start(span)
                 for span in ends:
@@ -84,3 +91,31 @@ class Deferred:
             except Exception as exc:
                 internal_error("pipeline.start", exc)
             return sink
+
+
+def _switches() -> tuple[bool, int, bool, bool]:
+    return (
+        _state.disabled,
+        _state.sample_threshold,
+        _state.capture_inputs,
+        _state.capture_outputs,
+    )
+
+
+def _held_to_settings(span: Span) -> bool:
+    """Whether a span that waited stays, under the settings read when the pipeline was built:
+    they may differ from those read as ``@traced`` decorated (a program that sets its variables
+    after its imports). Its trace sampled out drops it, as it would have been had the settings
+    been read first (a remote parent's sampled flag is not known here: the local ratio
+    decides); inputs and outputs the settings do not keep are forgotten."""
+    if _state.disabled or (span.trace_id & _MASK64) >= _state.sample_threshold:
+        return False
+    site = span.site
+    if site is not None:
+        keep = site.capture_inputs
+        if not (keep if keep is not None else _state.capture_inputs):
+            span.inputs = UNSET
+        keep = site.capture_output
+        if not (keep if keep is not None else _state.capture_outputs):
+            span.output = UNSET
+    return True
