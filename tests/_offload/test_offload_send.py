@@ -437,3 +437,50 @@ async def test_a_pool_whose_worker_cannot_start_starts_with_a_helper(
         assert any(ch.ready for ch in pool._channels if ch.process.pid == worker)
     finally:
         off.shutdown(wait=True)
+
+
+def names(server: OtlpTestServer) -> list[str]:
+    """The accepted spans' names, in the order they arrived, without their qualifiers."""
+    return [name.rsplit(".", 1)[-1] for name in server.span_names()]
+
+
+@needs_sigstop
+async def test_spans_behind_a_large_one_go_out_while_its_worker_encodes(
+    server: OtlpTestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large span in a batch of its own does not hold up the batches behind it: while its
+    worker encodes it (held still here, as a starved worker is), the drain sends the small
+    span that ended after it. Once the worker answers, the large span goes too, once."""
+    monkeypatch.setattr(_pool, "BEHIND_SECONDS", 600.0)  # no helper takes the held call
+    monkeypatch.setattr(_pool, "START_HELP_SECONDS", 600.0)
+    pipe = install_pipeline(server, retry=FAST_RETRY, max_batch_spans=1)
+
+    @looptrace.traced
+    def large(request: Any) -> str:
+        return "ok"
+
+    @looptrace.traced
+    def small(request: Any) -> str:
+        return "ok"
+
+    large({"image": IMAGE, "n": 0})  # starts the pool
+    assert (await looptrace.flush(timeout=60)).ok
+    offloader = pipe.flusher.exporter._offloader  # type: ignore[attr-defined]
+    (worker,) = offloader.worker_pids()
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        large({"image": IMAGE, "n": 1})
+        small({"n": 2})
+        flushed = asyncio.ensure_future(looptrace.flush(timeout=60))
+        for _ in range(60_000):
+            if server.accepted_span_count >= 2:
+                break
+            await asyncio.sleep(0.001)
+        assert names(server) == ["large", "small"]
+        assert not flushed.done()
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    assert (await flushed).ok
+    assert sorted(names(server)) == ["large", "large", "small"]
+    assert offloader.stats["offloaded"] == 2
+    await looptrace.shutdown()

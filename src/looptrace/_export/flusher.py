@@ -25,7 +25,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Sized
+from collections.abc import Awaitable, Callable, Sequence, Sized
 from typing import TYPE_CHECKING
 
 from .._capture.context import suppress_tracing
@@ -41,8 +41,12 @@ from .retry import Health
 from .stats import DropLog
 
 if TYPE_CHECKING:
+    from .._capture.spans import Span
     from .._config import Config
     from .spool import Spool
+
+# What an exporter's encode_begun gives: the chunks so far, and what fills in the rest.
+_Begun = tuple[list[Sized | None], Callable[[], Awaitable[None]] | None]
 
 logger = logging.getLogger("looptrace")
 
@@ -275,11 +279,17 @@ class Flusher:
                 self._spawn(home, batch)  # encoded: a send that failed, or one never begun
                 continue
             try:
-                parts = await self.encode(batch)
+                encoded = await self._encode_begun(batch)
             except BaseException:
                 slots.release()
                 self.buffer.returned(batch)
                 raise
+            if callable(encoded):
+                # Spans a worker encodes: a task of their own waits for them and sends the
+                # batch, holding the slot, while this drain takes the next one.
+                self._spawn_when_encoded(home, batch, encoded)
+                continue
+            parts = encoded
             # Held by this loop from now on, also while the later ones wait for a slot.
             home.sending.update(parts)
             for i, piece in enumerate(parts):
@@ -325,6 +335,70 @@ class Flusher:
             # and counted as sent.
             batch.spans = spans
             raise
+        return self._encoded(batch, chunks)
+
+    async def _encode_begun(
+        self, batch: Batch
+    ) -> list[Batch] | Callable[[], Awaitable[list[Batch]]]:
+        """:meth:`encode`; or, when the exporter handed spans of the batch to a worker
+        (:meth:`~.otlp_http.OtlpHttpExporter.encode_begun`), what finishes it once the
+        worker's chunks are in. Until then the batch keeps its spans: one that goes back to
+        the buffer before that (a cancelled task) is encoded again later."""
+        begin: Callable[[Sequence[Span]], Awaitable[_Begun]] | None = getattr(
+            self.exporter, "encode_begun", None
+        )
+        if begin is None:
+            return await self.encode(batch)
+        spans = batch.spans or []
+        chunks, rest = await begin(spans)
+        if rest is None:
+            batch.spans = None
+            return self._encoded(batch, chunks)
+
+        async def finish() -> list[Batch]:
+            assert rest is not None
+            await rest()
+            batch.spans = None
+            return self._encoded(batch, chunks)
+
+        return finish
+
+    def _spawn_when_encoded(
+        self, home: Home, batch: Batch, finish: Callable[[], Awaitable[list[Batch]]]
+    ) -> None:
+        assert home.loop is not None
+        home.sending.add(batch)
+        task = home.loop.create_task(self._send_when_encoded(home, batch, finish))
+        home.senders.add(task)
+        task.add_done_callback(home.senders.discard)
+
+    async def _send_when_encoded(
+        self, home: Home, batch: Batch, finish: Callable[[], Awaitable[list[Batch]]]
+    ) -> None:
+        """Wait for the worker's chunks, then send the batch with the slot the drain took for
+        it; the parts of a batch split by size go one after another, each with a slot."""
+        assert home.slots is not None
+        try:
+            parts = await finish()
+        except BaseException as exc:
+            home.sending.discard(batch)
+            home.slots.release()
+            self.buffer.returned(batch)
+            if home.event is not None:
+                home.event.set()
+            self.notify()
+            if not isinstance(exc, Exception):
+                raise
+            report_internal("pipeline.encode", exc)
+            return
+        home.sending.discard(batch)
+        home.sending.update(parts)
+        for i, piece in enumerate(parts):
+            if i:
+                await home.slots.acquire()
+            await self._send(home, piece)
+
+    def _encoded(self, batch: Batch, chunks: list[Sized | None]) -> list[Batch]:
         lost = sum(1 for c in chunks if c is None)
         if lost:
             self.buffer.count_drop("rejected", lost)

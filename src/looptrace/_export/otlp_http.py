@@ -14,6 +14,7 @@ of its own, saved this process some CPU but none of the loop's lag (docs/perform
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 from collections.abc import Awaitable, Callable, Sequence, Sized
 from typing import TYPE_CHECKING
@@ -90,34 +91,55 @@ class OtlpHttpExporter:
 
     async def encode(self, spans: Sequence[Span]) -> list[Sized | None]:
         """Encode each span, or hand it to a worker, in ~0.5 ms slices."""
+        chunks, rest = await self.encode_begun(spans)
+        if rest is not None:
+            await rest()
+        return chunks
+
+    async def encode_begun(
+        self, spans: Sequence[Span]
+    ) -> tuple[list[Sized | None], Callable[[], Awaitable[None]] | None]:
+        """:meth:`encode` in two steps: this one encodes the spans it can here (in slices)
+        and hands the large ones to a worker; the second, returned when there is one, waits
+        for the worker's chunks and puts them in the same list. The flusher takes its next
+        batch between the two, so that a worker encodes one large span while the previous one
+        is sent."""
         encoder = self._encoder()
         offloader = self._offloader
         chunks: list[Sized | None] = [None] * len(spans)
-        offloaded: list[tuple[int, Span, Awaitable[bytes]]] = []
+        offloaded: list[tuple[int, Span, asyncio.Future[bytes]]] = []
         slices = Slices()
-        for i, span in enumerate(spans):
-            try:
-                flags = encoder.plan(span)
-                if flags & OFFLOAD and offloader is not None:
-                    await self._ready_to_offload(offloader, slices)
-                    # The handoff (hooks, pickling) runs here, inside the time slice, so a
-                    # drain of many large spans yields between them; only the results are
-                    # awaited.
-                    offloaded.append((i, span, offloader.submit(span, self.cfg, self.cfg.encoding)))
-                elif flags & (LARGE | HOOKED):
-                    # Many containers (or a hook's value, which the walk has not seen):
-                    # orjson's pass and the key scan after it are steps of their own when the
-                    # JSON is long, each judged against the slice like a span.
-                    chunks[i] = await slices.run(encoder.steps(span, flags))
-                else:
-                    chunks[i] = encoder.encode(span, flags)
-            except Exception as exc:
-                _errors.report_internal("pipeline.encode", exc)
-            if slices.due():
-                await slices.pause()
-        if offloaded:
-            await self._collect(offloaded, chunks)
-        return chunks
+        try:
+            for i, span in enumerate(spans):
+                try:
+                    flags = encoder.plan(span)
+                    if flags & OFFLOAD and offloader is not None:
+                        await self._ready_to_offload(offloader, slices)
+                        # The hooks run here, inside the time slice, so a drain of many large
+                        # spans yields between them; the handoff (pickling) is a step of its own,
+                        # started now, so that the worker begins while the rest is encoded.
+                        handoff = offloader.submit(span, self.cfg, self.cfg.encoding)
+                        offloaded.append((i, span, asyncio.ensure_future(handoff)))
+                    elif flags & (LARGE | HOOKED):
+                        # Many containers (or a hook's value, which the walk has not seen):
+                        # orjson's pass and the key scan after it are steps of their own when the
+                        # JSON is long, each judged against the slice like a span.
+                        chunks[i] = await slices.run(encoder.steps(span, flags))
+                    else:
+                        chunks[i] = encoder.encode(span, flags)
+                except Exception as exc:
+                    _errors.report_internal("pipeline.encode", exc)
+                if slices.due():
+                    await slices.pause()
+        except BaseException:
+            # Cancelled mid-drain (the loop is ending): the spans go back to the buffer, and
+            # the handoffs already started are dropped with them.
+            for _, _, future in offloaded:
+                future.cancel()
+            raise
+        if not offloaded:
+            return chunks, None
+        return chunks, functools.partial(self._collect, offloaded, chunks)
 
     def _encoder(self) -> SpanEncoder:
         encoder = self.span_encoder
@@ -135,11 +157,18 @@ class OtlpHttpExporter:
             slices.restart()
 
     async def _collect(
-        self, offloaded: list[tuple[int, Span, Awaitable[bytes]]], chunks: list[Sized | None]
+        self,
+        offloaded: list[tuple[int, Span, asyncio.Future[bytes]]],
+        chunks: list[Sized | None],
     ) -> None:
         """The workers' bytes into ``chunks``, each under its span's scope."""
         encoder = self._encoder()
-        results = await asyncio.gather(*(aw for _, _, aw in offloaded), return_exceptions=True)
+        try:
+            results = await asyncio.gather(*(f for _, _, f in offloaded), return_exceptions=True)
+        except asyncio.CancelledError:
+            for _, _, future in offloaded:
+                future.cancel()
+            raise
         for (i, span, _), result in zip(offloaded, results, strict=True):
             if isinstance(result, bytes):
                 chunks[i] = encoder.with_scope(result, span)
