@@ -23,12 +23,18 @@ protobuf requests of 512 spans from 4 connections at once, as fast as they are a
 Reported: spans/s from the first request to the last answer (every answer after the commit)
 and the collector's CPU per span.
 
+``--instructions``: ``Store.write``'s instructions per span under ``valgrind --tool=callgrind``
+(batches of 512 spans of ``--writer``'s shapes; the difference between 6,000 and 2,000 spans
+written, so opening the store and making the spans cancel out). Instruction counts do not move
+with the machine's load, so a change of a few percent shows where timings cannot.
+
 ``--tight``: a traced program making 50,000 spans/s for 4 s in a tight loop (a call, and a
 yield to the loop every 100 calls, paced to the rate) into the local store; reported: spans
 made, stored, and dropped by reason.
 
     .venv/bin/python benchmarks/scenario_store.py [--n 20000] [--rounds 5]
     .venv/bin/python benchmarks/scenario_store.py --writer --collector --tight
+    .venv/bin/python benchmarks/scenario_store.py --instructions
     git worktree add --detach /tmp/old <commit>
     .venv/bin/python benchmarks/scenario_store.py --compare /tmp/old/src src
 """
@@ -105,12 +111,22 @@ def main() -> None:
     parser.add_argument("--writer", action="store_true", help="Store.write alone")
     parser.add_argument("--collector", action="store_true", help="through looptrace serve")
     parser.add_argument("--tight", action="store_true", help="50,000 spans/s from a tight loop")
+    parser.add_argument(
+        "--instructions", action="store_true", help="Store.write's instructions per span"
+    )
+    parser.add_argument("--write-only", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(_measure(args.n, not args.untraced, args.to)))
         return
     if args.post:
         _post_all(args.post, args.n)
+        return
+    if args.write_only is not None:
+        _write_only(args.write_only)
+        return
+    if args.instructions:
+        _instructions_row()
         return
     if args.writer or args.collector or args.tight:
         if args.writer:
@@ -210,6 +226,42 @@ def _writer_rows(n: int) -> None:
                 store.write(spans[i : i + batch])
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         print(f"{batch:<10}{n / wall:>12,.0f}{cpu / n * 1e6:>14.1f}")
+
+
+_SMALL, _LARGE = 2000, 6000
+
+
+def _write_only(n: int) -> None:
+    from looptrace._store import Store
+
+    # As many spans made whatever the number written: only the writing differs between runs.
+    spans = _spans(_LARGE)
+    with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "i.db") as store:
+        store.stats()
+        for i in range(0, n, 512):
+            store.write(spans[i : i + 512])
+
+
+def _instructions_row() -> None:
+    counts = []
+    for n in (_SMALL, _LARGE):
+        out = subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--callgrind-out-file=/dev/null",
+                sys.executable,
+                __file__,
+                "--write-only",
+                str(n),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
+        counts.append(int(out.split("Collected : ")[1].split()[0]))
+    per_span = (counts[1] - counts[0]) / (_LARGE - _SMALL)
+    print(f"Store.write, batches of 512: {per_span:,.0f} instructions per span")
 
 
 def _post_all(url: str, n: int) -> None:
