@@ -255,25 +255,50 @@ async def test_run_tags_and_metadata_become_the_trace_models_session_user_and_ta
         assert (a["session.id"], a["tag.tags"], a["metadata"]) == ("outer", ["web"], {"team": "a"})
         assert "user.id" not in a
     first, second = sorted(spans.named("RunnableSequence"), key=lambda s: s.start_time_unix_nano)
-    in_run = [
-        s
-        for s in spans.spans
-        if (s is first or _under(spans, s, first))
-        and not (s is second or _under(spans, s, second))
-        and attributes(s).get("looptrace.framework")
-    ]
-    assert {s.name for s in in_run} >= {"chat gpt-4o-mini", "lookup", "StrOutputParser"}
-    for span in in_run:
+    assert spans.parent_name(first) == spans.parent_name(second) == "caller"
+    in_first = [s for s in spans.spans if _under(spans, s, first)]
+    assert {s.name for s in in_first} >= {"chat gpt-4o-mini", "lookup", "StrOutputParser"}
+    for span in [first, *(s for s in in_first if attributes(s).get("looptrace.framework"))]:
         a = attributes(span)
         assert a["session.id"] == "s-9", span.name
         assert a["user.id"] == "u-3", span.name
         assert a["tag.tags"] == ["web", "beta"], span.name
         assert a["metadata"] == {"team": "a", "experiment": "e1"}, span.name
-    for span in [s for s in spans.spans if s is second or _under(spans, s, second)]:
+    for span in [second, *(s for s in spans.spans if _under(spans, s, second))]:
         a = attributes(span)
         assert a["session.id"] == "outer", span.name
         assert a["tag.tags"] == ["web"], span.name
         assert a["metadata"] == {"team": "a"}, span.name
+
+
+@pytest.mark.parametrize("mode", ["ainvoke", "astream"])
+async def test_spans_after_a_run_go_under_the_caller_not_the_run(
+    otlp: OtlpTestServer, instrumented: None, mode: str
+) -> None:
+    """LangChain ends an async run in a copy of the caller's context: after ``await
+    chain.ainvoke()`` (or an ``astream`` consumed), the caller's next span, the next run and
+    ``current_span()`` are the caller's, not the ended run's, and carry none of the run's
+    session, tags or metadata."""
+    config: Any = {"tags": ["beta"], "metadata": {"session_id": "s-9", "experiment": "e1"}}
+    with looptrace.span("caller") as caller:
+        if mode == "ainvoke":
+            await chain(model()).ainvoke({"city": "Paris"}, config=config)
+        else:
+            async for _ in chain(model()).astream({"city": "Paris"}, config=config):
+                pass
+        assert looptrace.current_span() is caller
+        with looptrace.span("after"):
+            pass
+        await chain(model()).ainvoke({"city": "Rome"})
+
+    spans = await atree(otlp, 1 + 4 + 1 + 4)
+    spans.assert_one_trace()
+    assert spans.parent_name(spans.one("after")) == "caller"
+    runs = spans.named("RunnableSequence")
+    assert [spans.parent_name(r) for r in runs] == ["caller", "caller"]
+    for name in ("caller", "after"):
+        a = spans.attrs(name)
+        assert not {"session.id", "tag.tags", "metadata"} & a.keys(), name
 
 
 def _under(spans: Any, span: Any, ancestor: Any) -> bool:

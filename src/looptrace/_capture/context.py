@@ -3,6 +3,12 @@
 Because the active span lives in a ContextVar, parenting follows ``await``, tasks created with
 ``asyncio.create_task``/``gather``/``TaskGroup`` and ``asyncio.to_thread`` for free; plain threads
 and ``run_in_executor`` need :func:`bind_context`.
+
+A span that ended while still the active span of a context it could not be removed from (a
+framework that ends its runs in a copy of the caller's context, as LangChain does for async
+runs; see ``start._release``) is not the parent of what starts there afterwards: the span
+that was active before it is. Any other ended span stays the parent of spans started under it
+(a task that outlives the call that created it).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import ParamSpec, TypeVar
 
 from .. import _state
-from .spans import INVALID_SPAN, Span, SpanContext
+from .spans import INVALID_SPAN, NO_OUTER, NonRecordingSpan, Span, SpanContext
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -29,12 +35,37 @@ set_current = CURRENT.set
 reset_current = CURRENT.reset
 
 
+# How many marked spans a new span looks through for one to go under (each mark is resolved
+# as it is set, so a chain is only as long as runs that ended out of order were nested).
+_MAX_HOPS = 64
+
+
+def _in_place_of(span: Span | None) -> Span | None:
+    """The span a new span goes under where ``span`` is the active one: ``span`` itself, or,
+    for a span marked with ``_outer`` as it ended (see start._release), the nearest span that
+    was active before it and not marked (None: there was none, or too many to look through;
+    the new span starts a trace). An ended span that is not marked stays the parent (a task
+    that outlives the call that created it)."""
+    for _ in range(_MAX_HOPS):
+        if span is None:
+            return None
+        outer = span._outer
+        if outer is None:
+            return span
+        if outer is NO_OUTER:
+            return None
+        span = outer
+    return None
+
+
 def current_span() -> Span:
     """The span active in this context, or a non-recording span when there is none."""
     span = CURRENT.get()
     bridge = _state.bridge
     if bridge is not None:
         span = bridge.parent(span)
+    if span is not None and span._outer is not None:
+        span = _in_place_of(span)
     return INVALID_SPAN if span is None else span
 
 
@@ -56,8 +87,6 @@ def attach(context: SpanContext | None) -> Iterator[None]:
             "", context.trace_id, context.span_id, 0, 0, None, context.trace_state
         )
     else:
-        from .spans import NonRecordingSpan
-
         parent = NonRecordingSpan(context.trace_id, context.span_id, context.trace_state)
     with _active(parent):
         yield
@@ -111,6 +140,8 @@ def inject(carrier: MutableMapping[str, str] | None = None) -> MutableMapping[st
     bridge = _state.bridge
     if bridge is not None:
         span = bridge.parent(span)
+    if span is not None and span._outer is not None:
+        span = _in_place_of(span)
     if span is None or span.trace_id == 0:
         return out
     flags = "01" if span.is_recording else "00"

@@ -142,7 +142,7 @@ class Span:
 
     __slots__ = (
         "__weakref__",
-        "_lag_mark",
+        "_outer",
         "attributes",
         "context_attributes",
         "end_ns",
@@ -200,7 +200,12 @@ class Span:
         self.status_message = ""
         self.trace_state = trace_state
         self.kind = kind
-        self._lag_mark: Any = None
+        # Set as the span ends in another context than the one that made it the active span
+        # (LangChain ends an async run in a copy of the caller's context), where it could not
+        # be made inactive again: the span that was active there before it (NO_OUTER: none).
+        # A span started where this one is still active goes under that one instead (see
+        # context._in_place_of). None on every other span.
+        self._outer: Span | None = None
         self.site = None
         # The looptrace.attributes() block in force where the span starts (exported as
         # session.id, user.id, tag.tags, metadata): one ContextVar read, nothing copied.
@@ -374,7 +379,7 @@ class ScopedSpan(Span):
         self.status_message = ""
         self.trace_state = trace_state
         self.kind = kind
-        self._lag_mark = None
+        self._outer = None
         self.site = None
         self.context_attributes = get_attributes()
         self.scope = scope
@@ -405,6 +410,7 @@ class NonRecordingSpan(Span):
         self.links = None
         self.status_code = 0
         self.context_attributes = None
+        self._outer = None
 
     @property
     def context(self) -> SpanContext:
@@ -449,6 +455,9 @@ class NonRecordingSpan(Span):
 
 
 INVALID_SPAN: Final = NonRecordingSpan()
+# Span.outer of a span marked while no span was active before it: a span started where it is
+# still active starts a trace.
+NO_OUTER: Final[Span] = NonRecordingSpan()
 
 
 def _is_cancellation(exc: BaseException) -> bool:

@@ -7,12 +7,13 @@ exact parent; ``start_root`` starts a new trace whatever is active.
 
 from __future__ import annotations
 
+from contextvars import Token
 from typing import Any
 
 from .. import _clock, _state
 from .._errors import internal_error
-from .context import CURRENT
-from .spans import NonRecordingSpan, RemoteChildSpan, ScopedSpan, Span, SpanKind
+from .context import CURRENT, _in_place_of
+from .spans import NO_OUTER, NonRecordingSpan, RemoteChildSpan, ScopedSpan, Span, SpanKind
 
 _MASK64 = (1 << 64) - 1
 _current_get = CURRENT.get
@@ -40,6 +41,8 @@ def start_span(
         # Unsampled or suppressed: children share the non-recording parent, at no cost.
         return parent
     else:
+        if parent._outer is not None:  # ended, still active where it could not be undone
+            return _start_outside(name, attributes, parent, kind)
         remote = parent.is_remote  # the parent lives in another process (from extract)
         span = (RemoteChildSpan if remote else Span)(
             name,
@@ -81,6 +84,10 @@ def start_scoped_span(
     elif not parent.is_recording:
         return parent
     else:
+        if parent._outer is not None:  # ended, still active where it could not be undone
+            parent = _in_place_of(parent)
+            if parent is None or not parent.is_recording:
+                return start_scoped_span(name, attributes, parent, kind, scope, start_ns)
         remote = parent.is_remote
         span = ScopedSpan(
             name,
@@ -117,6 +124,30 @@ def _deactivate(tokens: tuple[Any, Any, Any]) -> None:
     if bridge is not None:
         _bridge_exit(bridge, bridged)
     CURRENT.reset(token)
+
+
+def _release(span: Span, tokens: tuple[Any, Any, Any]) -> None:
+    """Undo ``_activate(span)`` as ``span`` ends. Called in another context than the one that
+    activated it (a framework that ends its runs in a copy of the caller's context, as
+    LangChain does for async runs), it cannot be undone there: the span is marked instead with
+    the span that was active before it, which spans started there later go under. Called
+    before ``span.end()``."""
+    try:
+        _deactivate(tokens)
+    except ValueError:
+        # Before the span ends, so that whoever sees it ended sees the mark too.
+        before = tokens[0].old_value
+        outer = None if before is Token.MISSING else _in_place_of(before)
+        span._outer = NO_OUTER if outer is None else outer
+
+
+def _start_outside(name: str, attributes: dict[str, Any] | None, ended: Span, kind: int) -> Span:
+    """:func:`start_span` where the active span ``ended`` was marked by :func:`_release`: the
+    new span goes under the span that was active before it."""
+    parent = _in_place_of(ended)
+    if parent is None:
+        return start_scoped_span(name, attributes, None, kind, None)
+    return start_span(name, attributes, parent, kind)
 
 
 def _report_start(root: Span) -> None:

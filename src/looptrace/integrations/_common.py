@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from .. import _semconv as sc
 from .. import _state
 from .._capture.spans import Span
-from .._capture.start import _activate, _deactivate
+from .._capture.start import _activate, _deactivate, _release
 from .._errors import internal_error
 from .._genai import _core, _cost
 
@@ -116,15 +116,21 @@ def activate(span: Span) -> tuple[Any, Any, Any] | None:
     return _activate(span)
 
 
-def deactivate(tokens: tuple[Any, Any, Any] | None) -> None:
+def deactivate(tokens: tuple[Any, Any, Any] | None, span: Span | None = None) -> None:
+    """Undo :func:`activate`; ``span``: the span it activated, ending now (before
+    ``span.end()``). A run that ends in another context than the one it started in (LangChain
+    ends an async run in a copy of the caller's context) leaves it the active span of that
+    context, which looptrace cannot reach from here: the span is marked, and spans started
+    there later go under the span that was active before it, not under the ended run."""
     if tokens is None:
+        return
+    if span is not None:
+        _release(span, tokens)
         return
     try:
         _deactivate(tokens)
     except ValueError:
-        # The run ended in another context than the one it started in (a framework that hands
-        # a run to another task): the context that had it active is that task's own copy.
-        pass
+        pass  # a span that never ran (not added): nothing was started under it
 
 
 def disabled() -> bool:

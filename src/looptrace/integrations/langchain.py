@@ -396,8 +396,8 @@ class Handler(BaseCallbackHandler):
         entry = self.runs.pop(run_id)
         if entry is None:
             return None
-        _common.deactivate(entry.tokens)
         span = entry.span
+        _common.deactivate(entry.tokens, span)
         if error is not None:
             _common.fail(span, error)
         elif output is not None and _common.content_enabled():

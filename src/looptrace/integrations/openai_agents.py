@@ -162,7 +162,7 @@ class Processor(TracingProcessor):
         entry = runs.pop(trace.trace_id)
         if entry is None:
             return
-        _common.deactivate(entry.tokens)
+        _common.deactivate(entry.tokens, entry.span)
         entry.span.end()
 
     # -- spans ----------------------------------------------------------------------------
@@ -189,8 +189,8 @@ class Processor(TracingProcessor):
         entry = runs.pop(span.span_id)
         if entry is None:
             return
-        _common.deactivate(entry.tokens)
         target = entry.span
+        _common.deactivate(entry.tokens, target)
         data = span.span_data
         kind = _kind(data)
         try:
