@@ -8,7 +8,8 @@ batches in flight.
     in a daemon thread) -- every flush_interval or on a kick, drains everything pending:
         take <= max_batch_spans / max_batch_bytes -> Exporter.encode (in ~1 ms slices)
         -> split by exact size -> Session.export, up to max_concurrent_requests at once;
-        the next batch is taken while others fly.
+        the next batch is taken while others fly, and while a worker process encodes the
+        large spans of one (the batch's own task waits for them, then sends it).
     RETRY returns a batch to the buffer (ahead of newer spans) and backs off, one probe at a
     time while the destination fails; TOO_LARGE splits it; REJECTED drops it; the retry
     budget bounds it all.
