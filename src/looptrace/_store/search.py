@@ -18,8 +18,9 @@ Payloads (``input.value``, ``output.value``), their ``*.mime_type`` and resource
 are not indexed: payloads can be megabytes, their format says nothing, and the resource is the
 same for every span of a process (the service has its own filter). Only the first ``MAX_TEXT`` characters of a value give words.
 
-The terms of a span are made in ``write._prepare``, outside the write lock (the terms of a
-repeated attribute value come from a bounded cache), deduplicated per trace and batch, and
+The terms of a span are made in ``write._prepare``, outside the write lock (those of a
+repeated attribute value, and of a span repeating another's name and attributes, come from
+bounded caches), deduplicated per trace and batch, and
 inserted in key order in one ``executemany``. Deleting a trace deletes its rows by making its
 terms again from its stored spans (an index by trace would double the cost of every insert
 for the sake of the rare delete), and the terms no trace holds any more.
