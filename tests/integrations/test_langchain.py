@@ -131,9 +131,10 @@ async def test_uninstrument_langchain_stops_tracing(otlp: OtlpTestServer) -> Non
 
 
 async def test_tools_and_their_errors(otlp: OtlpTestServer, instrumented: None) -> None:
-    """A tool call is an execute_tool TOOL span with its arguments, result and call id; a tool
-    that raises marks its span failed with error.type and the exception, and the exception
-    reaches the caller unchanged."""
+    """A tool call is an execute_tool TOOL span with its arguments, result (its output; for a
+    model's tool call, the ToolMessage's content) and call id; a tool that raises marks its
+    span failed with error.type and the exception, and the exception reaches the caller
+    unchanged."""
 
     @tool
     def get_weather(city: str) -> str:
@@ -163,6 +164,7 @@ async def test_tools_and_their_errors(otlp: OtlpTestServer, instrumented: None) 
     assert ok["gen_ai.tool.call.id"] == "call_7"
     assert ok["gen_ai.tool.call.arguments"] == {"city": "Paris"}
     assert ok["gen_ai.tool.call.result"] == "sunny in Paris"
+    assert ok["output.value"] == '"sunny in Paris"'  # the ToolMessage's content, as JSON
     assert ok["gen_ai.tool.description"] == "The weather in a city."
     failed = spans.one("execute_tool broken")
     assert failed.status.code == 2
@@ -308,3 +310,25 @@ def _under(spans: Any, span: Any, ancestor: Any) -> bool:
             return True
         parent = spans.parent(parent)
     return False
+
+
+async def test_hidden_chain_runs_have_no_span_and_what_ran_inside_goes_under_their_parent(
+    otlp: OtlpTestServer, instrumented: None
+) -> None:
+    """A chain run tagged ``langsmith:hidden`` (LangGraph's plumbing, which LangSmith does not
+    show) has no span; the chain runs inside it, hidden too (LangChain hands tags down), have
+    none either, and the LLM call inside goes under the nearest traced run, as it ran."""
+
+    async def plumbing(city: str) -> str:
+        return str(await chain(model()).ainvoke({"city": city}))
+
+    hidden = RunnableLambda(plumbing, name="plumbing").with_config(tags=["langsmith:hidden"])
+    steps = RunnableLambda(lambda x: x, name="first") | hidden
+    with looptrace.span("caller"):
+        assert await steps.ainvoke("Paris") == REPLY
+
+    spans = await atree(otlp, 4)
+    spans.assert_one_trace()
+    assert spans.names() == ["RunnableSequence", "caller", "chat gpt-4o-mini", "first"]
+    assert spans.parent_name(spans.one("chat gpt-4o-mini")) == "RunnableSequence"
+    assert spans.parent_name(spans.one("RunnableSequence")) == "caller"

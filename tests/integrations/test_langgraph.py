@@ -162,7 +162,9 @@ async def test_node_spans_record_what_is_new_not_the_whole_state(
     """In a tool-calling agent each node gets the whole message list so far: its span records
     the list's length and its last two messages (in the conventions' shape), so what a step
     costs does not grow with the run, while each LLM span keeps every message it was sent and
-    each tool span its arguments and result. The graph's ``thread_id`` is the session."""
+    each tool span its arguments and result. The steps inside a node that are handed the
+    node's very state object (the prebuilt agent's ``call_model`` and its prompt chain) do not
+    record it again. The graph's ``thread_id`` is the session."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         from langgraph.prebuilt import create_react_agent
@@ -203,6 +205,13 @@ async def test_node_spans_record_what_is_new_not_the_whole_state(
     final = attributes(spans.one("LangGraph"))["output.value"]["messages"]
     assert final["count"] == 2 + 2 * turns
     assert final["last"][-1]["parts"] == [{"type": "text", "content": REPLY}]
+
+    for name in ("call_model", "RunnableSequence", "Prompt"):
+        steps = spans.named(name)
+        assert len(steps) == turns + 1, name
+        for step in steps:
+            assert "input.value" not in attributes(step), name
+            assert "output.value" in attributes(step), name
 
     chats = sorted(spans.named("chat gpt-4o-mini"), key=lambda s: s.start_time_unix_nano)
     assert len(attributes(chats[-1])["gen_ai.input.messages"]) == 1 + 2 * turns

@@ -55,14 +55,17 @@ def guarded(where: str) -> Callable[[F], F]:
 
 
 class Open:
-    """One open span of a framework run, and the tokens that made it the active span."""
+    """One open span of a framework run, the tokens that made it the active span, and the
+    object the run was handed as its input (for a framework whose child runs are often handed
+    the very same object: recorded once, on the outermost span)."""
 
-    __slots__ = ("first_ns", "span", "tokens")
+    __slots__ = ("first_ns", "inputs", "span", "tokens")
 
     def __init__(self, span: Span, tokens: tuple[Any, Any, Any] | None) -> None:
         self.span = span
         self.tokens = tokens
         self.first_ns = 0
+        self.inputs: Any = None
 
 
 class Runs:

@@ -50,6 +50,11 @@ FRAMEWORK = "langchain"
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
+# The tag LangGraph puts on its own plumbing runs, which LangSmith does not show.
+_HIDDEN = "langsmith:hidden"
+# How many hidden runs in a row a run looks through for its traced ancestor.
+_HIDDEN_DEPTH = 16
+
 # BaseMessage.type -> the GenAI conventions' role.
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
 _ROLES_CHUNKS = {"HumanMessageChunk": "user", "AIMessageChunk": "assistant"}
@@ -347,6 +352,8 @@ class Handler(BaseCallbackHandler):
         self.runs = Runs("langchain")
         self._converted = _Converted()
         self._values: dict[Any, ContextAttributes] = {}
+        # Hidden runs (see _start) still open: run id -> parent run id.
+        self._hidden: dict[UUID, UUID | None] = {}
         # The price table, once per process (a few hundred milliseconds the first time): make
         # the first handler at start-up, not inside a request on an event loop.
         _common.load_prices()
@@ -368,6 +375,8 @@ class Handler(BaseCallbackHandler):
         parent = None
         if parent_run_id is not None:
             entry = self.runs.get(parent_run_id)
+            if entry is None and self._hidden:
+                entry = self._traced_ancestor(parent_run_id)
             if entry is not None:
                 parent = entry.span
         attributes[sc.FRAMEWORK] = FRAMEWORK
@@ -390,18 +399,37 @@ class Handler(BaseCallbackHandler):
             return None
         return span
 
-    def _end(
-        self, run_id: UUID, output: Any = None, error: BaseException | None = None
-    ) -> Open | None:
+    def _hide(self, run_id: UUID, parent_run_id: UUID | None) -> None:
+        """A chain run tagged ``langsmith:hidden``: LangGraph's own plumbing (its start node,
+        channel writes), which LangSmith does not show either, gets no span; the runs inside
+        it go under its nearest traced ancestor. (Only chains: an LLM, tool or retriever run
+        is always traced, wherever it is.)"""
+        hidden = self._hidden
+        if len(hidden) >= _common.MAX_OPEN:
+            hidden.clear()  # hidden runs that never ended: forgotten
+        hidden[run_id] = parent_run_id
+
+    def _traced_ancestor(self, run_id: UUID | None) -> Open | None:
+        """The open entry of ``run_id`` or, past hidden runs, of its nearest traced ancestor."""
+        for _ in range(_HIDDEN_DEPTH):
+            if run_id is None:
+                return None
+            entry = self.runs.get(run_id)
+            if entry is not None:
+                return entry
+            run_id = self._hidden.get(run_id)
+        return None
+
+    def _end(self, run_id: UUID, error: BaseException | None = None) -> Open | None:
         entry = self.runs.pop(run_id)
         if entry is None:
+            if self._hidden:
+                self._hidden.pop(run_id, None)
             return None
         span = entry.span
         _common.deactivate(entry.tokens, span)
         if error is not None:
             _common.fail(span, error)
-        elif output is not None and _common.content_enabled():
-            span.set_output(output)
         return entry
 
     # -- chains, runnables, LangGraph graphs and nodes ------------------------------------
@@ -418,6 +446,9 @@ class Handler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        if tags and _HIDDEN in tags:
+            self._hide(run_id, parent_run_id)
+            return
         attributes: dict[str, Any] = {sc.OPENINFERENCE_SPAN_KIND: sc.OI_CHAIN}
         if metadata:
             node = metadata.get("langgraph_node")
@@ -435,7 +466,15 @@ class Handler(BaseCallbackHandler):
             metadata=metadata,
         )
         if span is not None and _common.content_enabled():
-            span.set_inputs(bounded(inputs, self._converted))
+            entry = self.runs.get(run_id)
+            if entry is not None:
+                entry.inputs = inputs
+            parent = self.runs.get(parent_run_id) if parent_run_id is not None else None
+            # The steps of a node's sequence (LangGraph's call_model, the model's prompt
+            # chain) are handed the very state object the node was: recorded once, on the
+            # node's span, not walked and serialized again for each step.
+            if parent is None or parent.inputs is not inputs:
+                span.set_inputs(bounded(inputs, self._converted))
 
     @guarded("integrations.langchain.chain_end")
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
@@ -609,13 +648,19 @@ class Handler(BaseCallbackHandler):
 
     @guarded("integrations.langchain.tool_end")
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        entry = self._end(run_id, output)
+        entry = self._end(run_id)
         if entry is None:
             return
         if _common.content_enabled():
-            # A ToolMessage (a tool called by a model) or the tool's own return value.
-            result = getattr(output, "content", output)
-            entry.span.set_attribute(
+            # A ToolMessage (a tool called by a model) or the tool's own return value. Of a
+            # ToolMessage, its content: the message object itself costs the exporter several
+            # times the rest of the span to serialize (it is a pydantic model), and the call
+            # id is on the span already.
+            is_message = isinstance(output, BaseMessage)
+            result = output.content if is_message else output
+            span = entry.span
+            span.set_output(result)
+            span.set_attribute(
                 sc.GEN_AI_TOOL_CALL_RESULT, result if isinstance(result, str) else str(result)
             )
         entry.span.end()
