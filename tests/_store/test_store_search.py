@@ -317,3 +317,26 @@ def test_spans_of_one_shape_index_every_trace_they_belong_to(tmp_path: Path) -> 
         assert len(s.list_traces(attrs=[("tier", "2")])) == 4
         assert [t["trace_id"] for t in s.list_traces(text="gone")] == [f"{4:032x}"]
         assert [t["trace_id"] for t in s.list_traces(attrs=[("tier", "3")])] == [f"{5:032x}"]
+
+
+def test_one_batch_of_many_traces_indexes_each_by_its_own_terms(tmp_path: Path) -> None:
+    """In one batch: traces of one span each, of two shapes, and a trace holding a span of
+    each shape; every trace is found by the terms its spans hold and by no others."""
+    a = {"code.function": "fetch"}
+    b = {"code.function": "store"}
+    batch = [span(t, name="fetch", attributes=dict(a), start=t) for t in range(1, 6)]
+    batch += [span(t, name="store", attributes=dict(b), start=t) for t in range(6, 9)]
+    batch += [
+        span(9, 1, name="fetch", attributes=dict(a), start=9),
+        span(9, 2, name="store", attributes=dict(b), start=9, parent=1),
+    ]
+    with Store(tmp_path / "many.db") as s:
+        s.write(batch)
+
+        def found(**filters: Any) -> list[int]:
+            return sorted(int(t["trace_id"], 16) for t in s.list_traces(**filters))
+
+        assert found(attrs=[("code.function", "fetch")]) == [1, 2, 3, 4, 5, 9]
+        assert found(attrs=[("code.function", "store")]) == [6, 7, 8, 9]
+        assert found(text="store") == [6, 7, 8, 9]
+        assert found(attrs=[("code.function", "fetch"), ("code.function", "store")]) == [9]

@@ -20,8 +20,8 @@ same for every span of a process (the service has its own filter). Only the firs
 
 The terms of a span are made in ``write._prepare``, outside the write lock (those of a
 repeated attribute value, and of a span repeating another's name and attributes, come from
-bounded caches), deduplicated per trace and batch, and
-inserted in key order in one ``executemany``. Deleting a trace deletes its rows by making its
+bounded caches), deduplicated per trace and batch, and inserted one statement per distinct
+set of terms in the batch (the traces holding that set, crossed with its terms). Deleting a trace deletes its rows by making its
 terms again from its stored spans (an index by trace would double the cost of every insert
 for the sake of the rare delete), and the terms no trace holds any more.
 """
@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import orjson
@@ -255,7 +256,7 @@ class TermIndex:
         self._ids.clear()
         self._epoch = None
 
-    def add(self, conn: sqlite3.Connection, trace_terms: Mapping[str, set[str]]) -> None:
+    def add(self, conn: sqlite3.Connection, trace_terms: Mapping[str, AbstractSet[str]]) -> None:
         """Index ``trace_terms`` (trace id -> its terms in this batch), inside the writer's
         transaction, after the traces' rows exist."""
         if not trace_terms:
@@ -288,16 +289,25 @@ class TermIndex:
                 (orjson.dumps(list(trace_terms)).decode(),),
             ).fetchall()
         )
-        # Unsorted: the rows land at the end of each term's range, pages the transaction
-        # holds in memory; sorting tuples in Python cost more than it saved.
-        rows = [
-            (ids[term], keys[trace_id])
-            for trace_id, terms in trace_terms.items()
-            if trace_id in keys
-            for term in terms
-        ]
+        # The traces holding the same terms (the calls of one function, each its own trace)
+        # are one statement: every term of the set for every trace of the group, made by
+        # SQLite from two JSON arrays instead of bound row by row from Python.
+        groups: dict[frozenset[str], list[int]] = {}
+        for trace_id, terms in trace_terms.items():
+            key = keys.get(trace_id)
+            if key is not None:
+                group = groups.get(terms := frozenset(terms))
+                if group is None:
+                    groups[terms] = [key]
+                else:
+                    group.append(key)
         conn.executemany(
-            "INSERT OR IGNORE INTO trace_terms (term_id, trace_key) VALUES (?, ?)", rows
+            "INSERT OR IGNORE INTO trace_terms (term_id, trace_key) "
+            "SELECT t.value, k.value FROM json_each(?) AS t, json_each(?) AS k",
+            [
+                (orjson.dumps([ids[t] for t in terms]).decode(), orjson.dumps(tkeys).decode())
+                for terms, tkeys in groups.items()
+            ],
         )
 
 

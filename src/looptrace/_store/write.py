@@ -189,15 +189,15 @@ class Writer(Retention):
                 "INSERT OR IGNORE INTO trace_labels (key, value, trace_id) VALUES (?, ?, ?)",
                 sorted(labels),
             )
-        # The search index: a trace's terms once per batch, in key order (each insert then
-        # lands next to the last one).
-        found: dict[str, set[str]] = {}
+        # The search index: a trace's terms once per batch. The spans of a trace usually repeat
+        # their terms: a new set only when one adds some.
+        found: dict[str, AbstractSet[str]] = {}
         for p in prepared:
             terms = found.get(p.trace_id)
             if terms is None:
-                found[p.trace_id] = set(p.terms)
-            else:
-                terms |= p.terms
+                found[p.trace_id] = p.terms
+            elif not p.terms <= terms:
+                found[p.trace_id] = terms | p.terms
         self._terms.add(conn, found)
         for prep in prepared:
             if prep.experiment is not None:
