@@ -23,9 +23,7 @@ from looptrace._store import Store
 from store_support import decoded_span
 from viewer_support import (
     browser_test,
-    launch_chromium,
     needs_chromium,
-    new_tab,
     open_page,
     screenshot,
 )
@@ -130,17 +128,6 @@ def base_url(store_path: Path) -> Iterator[str]:
     """The collector with the viewer on uvicorn at an ephemeral port."""
     with running_collector(store_path, extra_routes=viewer.routes()) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    yield from launch_chromium()
-
-
-@pytest.fixture
-def page(browser: Any, base_url: str) -> Iterator[Any]:
-    with new_tab(browser, base_url) as tab:
-        yield tab
 
 
 def _wait_text(page: Any, selector: str, text: str) -> None:

@@ -21,7 +21,7 @@ from collector_support import running_collector
 from looptrace._store import Store
 from looptrace.collector import viewer
 from store_support import decoded_span
-from viewer_support import browser_test, launch_chromium, needs_chromium, new_tab, open_page
+from viewer_support import browser_test, needs_chromium, new_tab, open_page
 
 # An old run (two processes of "svc", four 100 ms windows each) and, minutes later, a recent
 # one (one process of "other"): three processes, two runs.
@@ -66,11 +66,6 @@ def lag_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         store.write(spans)
     with running_collector(path, extra_routes=viewer.routes()) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    yield from launch_chromium()
 
 
 @pytest.fixture

@@ -24,7 +24,6 @@ from store_support import decoded_span
 from viewer_support import (
     TIMEOUT_MS,
     browser_test,
-    launch_chromium,
     needs_chromium,
     new_tab,
     open_page,
@@ -95,11 +94,6 @@ def base_url(store_path: Path) -> Iterator[str]:
     """The collector with the viewer and a token, on uvicorn at an ephemeral port."""
     with running_collector(store_path, token=TOKEN, extra_routes=viewer.routes()) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    yield from launch_chromium()
 
 
 @pytest.fixture
