@@ -82,8 +82,9 @@ class Deferred:
             self._starts, self._ends = [], []
             try:
                 if _switches() != recorded_with:
-                    starts = [span for span in starts if _held_to_settings(span)]
-                    ends = [span for span in ends if _held_to_settings(span)]
+                    resampled = _state.sample_threshold != recorded_with[1]
+                    starts = [span for span in starts if _held_to_settings(span, resampled)]
+                    ends = [span for span in ends if _held_to_settings(span, resampled)]
                 for span in starts:
                     sink.on_start(span)
                 for span in ends:
@@ -102,13 +103,13 @@ def _switches() -> tuple[bool, int, bool, bool]:
     )
 
 
-def _held_to_settings(span: Span) -> bool:
+def _held_to_settings(span: Span, resampled: bool) -> bool:
     """Whether a span that waited stays, under the settings read when the pipeline was built:
     they may differ from those read as ``@traced`` decorated (a program that sets its variables
-    after its imports). Its trace sampled out drops it, as it would have been had the settings
-    been read first (a remote parent's sampled flag is not known here: the local ratio
-    decides); inputs and outputs the settings do not keep are forgotten."""
-    if _state.disabled or (span.trace_id & _MASK64) >= _state.sample_threshold:
+    after its imports). With a new sample rate, its trace sampled out drops it, as it would
+    have been had the settings been read first (a remote parent's sampled flag is not known
+    here: the local ratio decides); inputs and outputs the settings do not keep are forgotten."""
+    if _state.disabled or (resampled and (span.trace_id & _MASK64) >= _state.sample_threshold):
         return False
     site = span.site
     if site is not None:
