@@ -56,8 +56,11 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff check, ruff format --check, and the import layers (pyproject's importlinter)."""
     session.install("ruff>=0.5")
-    session.run("ruff", "check", "src", "tests", "benchmarks", "noxfile.py")
-    session.run("ruff", "format", "--check", "src", "tests", "benchmarks", "noxfile.py")
+    # No cache: a cached verdict from an older tree must not hide what a clean clone sees.
+    session.run("ruff", "check", "--no-cache", "src", "tests", "benchmarks", "noxfile.py")
+    session.run(
+        "ruff", "format", "--check", "--no-cache", "src", "tests", "benchmarks", "noxfile.py"
+    )
     # lint-imports reads the installed package: the contracts name its modules.
     session.install("-e", ".[test]", "import-linter>=2.1")
     session.run("lint-imports")

@@ -62,6 +62,8 @@ PEER = {
 
 
 def openai_agents_run(variant: str, steps: int, tools: int, otlp: str, sink: str) -> Any:
+    import agents
+    from agents import Agent, ModelResponse, Runner, Usage, function_tool
     from agents.models.interface import Model
     from agents.tracing import generation_span
     from openai.types.responses import (
@@ -69,9 +71,6 @@ def openai_agents_run(variant: str, steps: int, tools: int, otlp: str, sink: str
         ResponseOutputMessage,
         ResponseOutputText,
     )
-
-    import agents
-    from agents import Agent, ModelResponse, Runner, Usage, function_tool
 
     if variant == "untraced":
         agents.set_tracing_disabled(True)
