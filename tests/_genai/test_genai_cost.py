@@ -4,6 +4,7 @@ checked against genai-prices' own calculation for the same usage."""
 
 from __future__ import annotations
 
+import datetime
 import subprocess
 import sys
 import threading
@@ -12,7 +13,6 @@ from decimal import Decimal
 from typing import Any
 
 import anthropic
-import genai_prices
 import openai
 import pytest
 from genai_prices import Usage, calc_price, data_snapshot, types
@@ -241,14 +241,14 @@ def test_attach_records_without_a_lookup(monkeypatch: pytest.MonkeyPatch) -> Non
     """``attach`` (on the call's path) only reads the span's attributes: the price is worked
     out on the first ``resolve``, once, and shared by the three attributes."""
     calls: list[str] = []
-    real = genai_prices.calc_price
+    real = data_snapshot.DataSnapshot.find_provider_model
 
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        calls.append(args[1])
-        return real(*args, **kwargs)
+    def counting(self: Any, model_ref: str, *args: Any) -> Any:
+        calls.append(model_ref)
+        return real(self, model_ref, *args)
 
     assert _cost.load()
-    monkeypatch.setattr(genai_prices, "calc_price", counting)
+    monkeypatch.setattr(data_snapshot.DataSnapshot, "find_provider_model", counting)
     span = start_span(
         "chat gpt-4o-mini",
         {
@@ -320,3 +320,46 @@ def test_no_thread_fetches_prices_after_calls(
     received(otlp, 2)
     assert not [t for t in threading.enumerate() if t.name.startswith("genai_prices")]
     assert data_snapshot.get_snapshot().from_auto_update is False
+
+
+def test_every_price_in_the_table_comes_out_as_genai_prices_works_it_out() -> None:
+    """For every model of every provider in genai-prices' table, with plain and with cached,
+    cache-written and reasoning tokens, the cost a span carries is exactly genai-prices' own
+    calculation, whether looptrace priced it through its affine form (a price without tiers)
+    or through genai-prices (tiers); and the affine form is what most prices take."""
+    assert _cost.load()
+    snapshot = data_snapshot.get_snapshot()
+    start_ns = 1_780_000_000 * 10**9
+    when = datetime.datetime.fromtimestamp(start_ns / 1e9, datetime.timezone.utc)
+    shapes = (
+        {"input_tokens": 1_234, "output_tokens": 56},
+        {
+            "input_tokens": 250_000,
+            "output_tokens": 9_000,
+            "cache_read_tokens": 120_000,
+            "cache_write_tokens": 4_000,
+            "output_reasoning_tokens": 7_000,
+        },
+    )
+    _cost._affines.clear()
+    compared = 0
+    for provider in snapshot.providers:
+        for model in provider.models:
+            for counts in shapes:
+                try:
+                    calc = model.calc_price(Usage(**counts), provider, genai_request_timestamp=when)
+                except Exception:
+                    continue  # the table cannot price these kinds for this model
+                want = (float(calc.input_price), float(calc.output_price), float(calc.total_price))
+                price = _cost.Price(provider.id, (model.id,), None, dict(counts), start_ns)
+                try:
+                    found = snapshot.find_provider_model(model.id, None, provider.id, None)[1]
+                except LookupError:
+                    continue  # the model answers to references other than its id
+                if found is not model:
+                    continue  # another model of the provider answers to this id first
+                assert price._calculate() == want, (provider.id, model.id, counts)
+                compared += 1
+    affine = sum(1 for _, fit in _cost._affines.values() if fit is not None)
+    assert compared > 2_000
+    assert affine > len(_cost._affines) * 0.8

@@ -2,10 +2,13 @@
 
 The table ships inside the package: prices change when the package is upgraded, never at run
 time (looptrace never starts genai-prices' ``UpdatePrices``, the one part of it that fetches).
-A lookup costs about a millisecond of Python (genai-prices splits the usage into priced units
-with exact decimals), so the call's path only records what the price needs: the span carries
-three :class:`~looptrace._capture.spans.Deferred` values, and the flusher works the price out
-when it encodes the span. The module is imported, and the table loaded (a few hundred
+genai-prices' calculation costs over a hundred microseconds of Python (it splits the usage
+into priced units with exact decimals), so the call's path only records what the price needs:
+the span carries three :class:`~looptrace._capture.spans.Deferred` values, and the flusher works
+the price out when it encodes the span. There, a model whose price has no tiers is priced by an
+affine function of the token counts, found once per price and token kinds from genai-prices' own
+calculation and checked at a further point: a few exact decimal operations a call, the same
+figures (see :func:`_affine`). The module is imported, and the table loaded (a few hundred
 milliseconds), by ``instrument_openai`` / ``instrument_anthropic``, never by ``import
 looptrace`` nor on the first call.
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
+from decimal import Decimal
 from typing import Any
 
 from .. import _semconv as sc
@@ -117,21 +121,111 @@ class Price:
                 provider_id = None
             except LookupError:
                 url = None
-        usage = prices.Usage(**self.counts)
+        counts = self.counts
         when = datetime.datetime.fromtimestamp(self.start_ns / 1e9, datetime.timezone.utc)
         for model in self.models:
             try:
-                calc = prices.calc_price(
-                    usage,
-                    model,
-                    provider_id=provider_id,
-                    provider_api_url=url,
-                    genai_request_timestamp=when,
-                )
+                provider, info = snapshot.find_provider_model(model, None, provider_id, url)
             except LookupError:
                 continue
+            price = info.get_prices(when)
+            affine = _affine(prices, provider, price, counts) if _in_range(counts) else None
+            if affine is not None:
+                intercept, slopes = affine
+                return (
+                    float(intercept[0] + sum((s * counts[k] for k, s in slopes[0]), _ZERO)),
+                    float(intercept[1] + sum((s * counts[k] for k, s in slopes[1]), _ZERO)),
+                    float(intercept[2] + sum((s * counts[k] for k, s in slopes[2]), _ZERO)),
+                )
+            calc = info.calc_price(prices.Usage(**counts), provider, genai_request_timestamp=when)
             return (float(calc.input_price), float(calc.output_price), float(calc.total_price))
         return ()
+
+
+_ZERO = Decimal(0)
+# Token counts of the points an affine price is found from: within the range every kind's
+# decomposition allows (cached and cache-written input within the input, reasoning within the
+# output), and past no tier (a price with tiers is never made affine).
+_BASE = {
+    "input_tokens": 1_000_000,
+    "output_tokens": 1_000_000,
+    "cache_read_tokens": 100_000,
+    "cache_write_tokens": 100_000,
+    "output_reasoning_tokens": 100_000,
+}
+_STEP = 1_000
+_CHECK = {
+    "input_tokens": 377_003,
+    "output_tokens": 52_711,
+    "cache_read_tokens": 91_807,
+    "cache_write_tokens": 3_011,
+    "output_reasoning_tokens": 20_399,
+}
+_Affine = tuple[tuple[Decimal, Decimal, Decimal], tuple[tuple[tuple[str, Decimal], ...], ...]]
+# (id of the ModelPrice, token kinds) -> (the ModelPrice, kept alive so the id stays its own;
+# the affine price, or None where the price is not affine).
+_affines: dict[tuple[int, tuple[str, ...]], tuple[Any, _Affine | None]] = {}
+_AFFINES_MAX = 512
+
+
+def _in_range(counts: dict[str, int]) -> bool:
+    """Whether the counts lie where the decomposition into priced units is affine."""
+    get = counts.get
+    return get("cache_read_tokens", 0) + get("cache_write_tokens", 0) <= get(
+        "input_tokens", 0
+    ) and get("output_reasoning_tokens", 0) <= get("output_tokens", 0)
+
+
+def _affine(prices: Any, provider: Any, price: Any, counts: dict[str, int]) -> _Affine | None:
+    """The price as (input, output, total) = intercept + slopes . counts, in exact decimals,
+    for this ModelPrice and these token kinds; None for a price with tiers, a provider whose
+    billing genai-prices adjusts (Groq's minimum audio seconds), or one that is not affine at
+    the check point. Found once, from genai-prices' own calculation."""
+    kinds = tuple(sorted(counts))
+    key = (id(price), kinds)
+    hit = _affines.get(key)
+    if hit is not None and hit[0] is price:
+        return hit[1]
+    found: _Affine | None = None
+    tiered = prices.types.TieredPrices
+    if (
+        provider.id != "groq"
+        and all(k in _BASE for k in kinds)
+        and not any(isinstance(v, tiered) for v in vars(price).values())
+    ):
+        try:
+            found = _fit(prices, price, kinds)
+        except Exception:  # genai-prices refuses these kinds for this price: its own path says so
+            found = None
+    if len(_affines) >= _AFFINES_MAX:
+        _affines.clear()
+    _affines[key] = (price, found)
+    return found
+
+
+def _fit(prices: Any, price: Any, kinds: tuple[str, ...]) -> _Affine | None:
+    def at(point: dict[str, int]) -> tuple[Decimal, Decimal, Decimal]:
+        calc = price.calc_price(prices.Usage(**point))
+        return (calc["input_price"], calc["output_price"], calc["total_price"])
+
+    base = {k: _BASE[k] for k in kinds}
+    at_base = at(base)
+    slopes: list[list[tuple[str, Decimal]]] = [[], [], []]
+    for k in kinds:
+        moved = at({**base, k: base[k] + _STEP})
+        for i in range(3):
+            slope = (moved[i] - at_base[i]) / _STEP
+            if slope:
+                slopes[i].append((k, slope))
+    intercept = tuple(
+        at_base[i] - sum((s * base[k] for k, s in slopes[i]), _ZERO) for i in range(3)
+    )
+    check = {k: _CHECK[k] for k in kinds}
+    expected = at(check)
+    for i in range(3):
+        if intercept[i] + sum((s * check[k] for k, s in slopes[i]), _ZERO) != expected[i]:
+            return None
+    return (intercept, tuple(tuple(s) for s in slopes))  # type: ignore[return-value]
 
 
 class CostPart(Deferred):
