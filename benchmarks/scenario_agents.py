@@ -30,7 +30,20 @@ one-a-turn shape adds over all its calls. The tables give the median over rounds
 range. CPU time is the steadier figure on a machine shared with other work; wall time is what
 the caller waits.
 
+``--instructions`` counts instead, under ``valgrind --tool=callgrind``, the instructions of one
+warm run (10 turns by default, one tool call a turn) and the flush after it, every thread of
+the process, for four variants: untraced, ``floor`` (the framework's tracing hooks with a
+handler or processor that does nothing: a LangChain callback handler run inline, an Agents SDK
+processor, pydantic-ai's instrumentation on the OpenTelemetry API's no-op provider, a LiteLLM
+``CustomLogger``; the least any tracer plugged in there can add), looptrace and the peer. What
+a step adds is the difference to the untraced run over its LLM and tool calls: a figure the
+machine's load does not move. Under callgrind a program runs some fifty times slower, so work
+a tracer does on a timer (a batch exporter's schedule, looptrace's encoding slices of 0.5 ms)
+happens more often per span than at full speed: the tracers' figures are upper bounds, the
+floor and the untraced run exact.
+
     python benchmarks/scenario_agents.py [--steps 50] [--rounds 3] [--runs 5] [--frameworks ...]
+    python benchmarks/scenario_agents.py --instructions [--steps 10] [--frameworks ...]
 """
 
 from __future__ import annotations
@@ -40,6 +53,7 @@ import asyncio
 import http.server
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -74,6 +88,18 @@ def openai_agents_run(variant: str, steps: int, tools: int, otlp: str, sink: str
 
     if variant == "untraced":
         agents.set_tracing_disabled(True)
+    elif variant == "floor":
+        from agents.tracing import TracingProcessor
+
+        class Nothing(TracingProcessor):
+            def on_trace_start(self, trace: Any) -> None: ...
+            def on_trace_end(self, trace: Any) -> None: ...
+            def on_span_start(self, span: Any) -> None: ...
+            def on_span_end(self, span: Any) -> None: ...
+            def shutdown(self) -> None: ...
+            def force_flush(self) -> None: ...
+
+        agents.set_trace_processors([Nothing()])
     elif variant == "looptrace":
         from looptrace.integrations.openai_agents import instrument_openai_agents
 
@@ -149,6 +175,14 @@ def langchain_run(variant: str, steps: int, tools: int, otlp: str, sink: str) ->
         from looptrace.integrations.langchain import instrument_langchain
 
         instrument_langchain()
+    elif variant == "floor":
+        from langchain_core.callbacks import BaseCallbackHandler
+        from langchain_core.tracers.context import register_configure_hook
+
+        class Nothing(BaseCallbackHandler):
+            run_inline = True  # as looptrace's handler: called on the caller's thread
+
+        register_configure_hook(_Fixed(Nothing()), True)  # type: ignore[arg-type]
 
     usage = {"input_tokens": 12, "output_tokens": 5, "total_tokens": 17}
 
@@ -204,6 +238,8 @@ def pydantic_ai_run(variant: str, steps: int, tools: int, otlp: str, sink: str) 
     elif variant == "peer":
         otel_sdk(otlp)
         Agent.instrument_all()
+    elif variant == "floor":
+        Agent.instrument_all()  # on the OpenTelemetry API's no-op provider: nothing recorded
 
     def respond(messages: Any, info: Any) -> ModelResponse:
         seen = sum(1 for m in messages for p in m.parts if isinstance(p, ToolReturnPart))
@@ -243,6 +279,10 @@ def litellm_run(variant: str, steps: int, tools: int, otlp: str, sink: str) -> A
         instrument_litellm()
     elif variant == "peer":
         litellm.callbacks = ["otel"]
+    elif variant == "floor":
+        from litellm.integrations.custom_logger import CustomLogger
+
+        litellm.callbacks = [CustomLogger()]
 
     messages = [{"role": "user", "content": "Weather in Paris?"}]
 
@@ -295,6 +335,22 @@ def worker(
             from opentelemetry import trace
 
             trace.get_tracer_provider().force_flush()  # type: ignore[attr-defined]
+
+    if os.environ.get("BENCH_COUNT"):
+        # Under callgrind: one warm run counted alone, with what the tracer's threads do for
+        # it (the flush after it is inside the count). getppid() zeroes the counters and
+        # getpgrp() dumps them (--zero-before / --dump-before).
+        async def counted() -> None:
+            await run()
+            await asyncio.sleep(0.05)
+            flush()
+            os.getppid()
+            await run()
+            flush()
+            os.getpgrp()
+
+        asyncio.run(counted())
+        os._exit(0)
 
     async def main() -> tuple[list[float], list[float]]:
         await run()  # warm-up: imports, caches, the first span's set-up
@@ -500,6 +556,69 @@ class _Fixed:
         return self.handler
 
 
+def count(framework: str, variant: str, steps: int, otlp: str, sink: str, tmp: str) -> int:
+    """Instructions of one warm agent run and the flush after it, every thread of the
+    process, under callgrind."""
+    out = os.path.join(tmp, f"cg-{framework}-{variant}")
+    env = {**os.environ, "BENCH_COUNT": "1", "PYTHONHASHSEED": "0"}
+    done = subprocess.run(
+        [
+            *("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"),
+            *("--zero-before=os_getppid", "--dump-before=os_getpgrp"),
+            *(sys.executable, __file__, "--worker", framework, variant),
+            *("--steps", str(steps), "--tools", "1", "--runs", "1"),
+            *("--otlp", otlp, "--sink", sink),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    dumps = [f for f in os.listdir(tmp) if f.startswith(f"cg-{framework}-{variant}.")]
+    if done.returncode != 0 or len(dumps) != 1:
+        said = [line for line in done.stderr.splitlines() if not line.startswith("==")]
+        raise RuntimeError(
+            f"{framework} {variant}: exit {done.returncode}, dumps {dumps}: {said[-20:]}"
+        )
+    text = Path(tmp, dumps[0]).read_text()
+    return int(text.split("\nsummary: ", 1)[1].split()[0])
+
+
+def instructions(frameworks: list[str], steps: int, otlp: str, sink: str) -> None:
+    """Per framework, the instructions a step (an LLM or a tool call) adds to the untraced
+    run: for the framework's tracing hooks alone, doing nothing (``floor``: a handler or
+    processor with no body, the least any tracer plugged in there can cost), for looptrace,
+    and for the peer. A figure the machine's load does not move."""
+    import tempfile
+
+    if shutil.which("valgrind") is None:
+        print("--instructions needs valgrind")
+        return
+    print(
+        f"instructions a step adds to the untraced run (one warm run of {steps} turns, one "
+        "tool call a turn, and the flush after it; every thread)"
+    )
+    print(
+        "| framework | untraced run | hooks alone (floor) | looptrace | looptrace over floor | peer |"
+    )
+    print("|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for framework in frameworks:
+            calls = steps if framework == "litellm" else 2 * steps + 1
+            got = {v: count(framework, v, steps, otlp, sink, tmp) for v in COUNTED}
+            base = got["untraced"]
+            added = {v: (got[v] - base) / calls for v in COUNTED}
+            print(
+                f"| {NAMES[framework]} | {base / calls:,.0f} | {added['floor']:,.0f} "
+                f"| {added['looptrace']:,.0f} | {added['looptrace'] - added['floor']:,.0f} "
+                f"| {added['peer']:,.0f} ({PEER[framework]}) |",
+                flush=True,
+            )
+
+
+COUNTED = ("untraced", "floor", "looptrace", "peer")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=50)
@@ -515,6 +634,11 @@ def main() -> None:
         "--handler-cost",
         action="store_true",
         help="only the LangChain handler's own CPU per step, on replayed callbacks",
+    )
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="instructions a step adds, under callgrind (default 10 turns a run)",
     )
     args = parser.parse_args()
     if args.serve_sink:
@@ -538,6 +662,10 @@ def main() -> None:
     results = []
     try:
         with OtlpServerProcess(defer_decode=True) as server:
+            if args.instructions:
+                steps = args.steps if "--steps" in sys.argv else 10
+                instructions(args.frameworks.split(","), steps, server.endpoint, sink)
+                return
             for framework in args.frameworks.split(","):
                 shapes = (1,) if framework == "litellm" else (1, 2)
                 jobs = [(v, k) for k in shapes for v in VARIANTS]
