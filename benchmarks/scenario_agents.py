@@ -340,13 +340,23 @@ def worker(
         # Under callgrind: one warm run counted alone, with what the tracer's threads do for
         # it (the flush after it is inside the count). getppid() zeroes the counters and
         # getpgrp() dumps them (--zero-before / --dump-before).
+        async def flushed() -> None:
+            if variant == "looptrace":
+                import looptrace
+
+                # On the loop, as an application flushes (a program under callgrind runs some
+                # fifty times slower: a generous deadline).
+                assert (await looptrace.flush(timeout=300)).ok
+            else:
+                flush()
+
         async def counted() -> None:
             await run()
             await asyncio.sleep(0.05)
-            flush()
+            await flushed()
             os.getppid()
             await run()
-            flush()
+            await flushed()
             os.getpgrp()
 
         asyncio.run(counted())
