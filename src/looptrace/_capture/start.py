@@ -16,6 +16,14 @@ from .context import CURRENT, _in_place_of
 from .spans import NO_OUTER, NonRecordingSpan, RemoteChildSpan, ScopedSpan, Span, SpanKind
 
 _MASK64 = (1 << 64) - 1
+
+
+def sampled_out(trace_id: int) -> bool:
+    """Whether the local sample ratio drops a new trace with ``trace_id`` (its low 64 bits
+    against the threshold; the starts below write the test out, as they run on every call)."""
+    return (trace_id & _MASK64) >= _state.sample_threshold
+
+
 _current_get = CURRENT.get
 
 

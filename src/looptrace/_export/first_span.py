@@ -17,12 +17,11 @@ from typing import TYPE_CHECKING
 
 from .. import _state
 from .._capture.spans import UNSET
+from .._capture.start import sampled_out
 from .._errors import internal_error
 
 if TYPE_CHECKING:
     from .._capture.spans import Span
-
-_MASK64 = (1 << 64) - 1
 
 __all__ = ["Deferred"]
 
@@ -109,7 +108,7 @@ def _held_to_settings(span: Span, resampled: bool) -> bool:
     after its imports). With a new sample rate, its trace sampled out drops it, as it would
     have been had the settings been read first (a remote parent's sampled flag is not known
     here: the local ratio decides); inputs and outputs the settings do not keep are forgotten."""
-    if _state.disabled or (resampled and (span.trace_id & _MASK64) >= _state.sample_threshold):
+    if _state.disabled or (resampled and sampled_out(span.trace_id)):
         return False
     site = span.site
     if site is not None:
