@@ -13,7 +13,11 @@ Part 1 runs twice: with spans dropped at the sink (what the caller pays: the wra
 the hand-off) and with the real pipeline exporting from this process (serialization and sending
 compete with the caller for the GIL and the two cores, as they would in production).
 
+``--pricing`` times instead what working out one call's cost takes in the flusher, looptrace's
+against genai-prices' own calculation, in alternating rounds.
+
     /work/venv-genai/bin/python benchmarks/scenario_genai.py [--rounds 15] [--calls 200]
+    /work/venv-genai/bin/python benchmarks/scenario_genai.py --pricing
 """
 
 from __future__ import annotations
@@ -228,13 +232,67 @@ def stalls(port: int, rounds: int, calls: int) -> tuple[float, float]:
     return p, t
 
 
+def pricing(rounds: int, calls: int) -> None:
+    """What working out one call's cost takes in the flusher: looptrace's (the affine form of a
+    price without tiers) against genai-prices' own calculation, in alternating rounds, on
+    chat-shaped token counts (cached input and reasoning output included), every call's
+    counts different so no result is reused. Process CPU time, median over rounds."""
+    import datetime
+
+    import genai_prices
+
+    from looptrace._genai import _cost
+
+    assert _cost.load()
+    start_ns = time.time_ns()
+    when = datetime.datetime.fromtimestamp(start_ns / 1e9, datetime.timezone.utc)
+
+    def counts(i: int) -> dict[str, int]:
+        return {
+            "input_tokens": 1_200 + i,
+            "output_tokens": 300 + i % 97,
+            "cache_read_tokens": 512 + i % 256,
+            "output_reasoning_tokens": 64 + i % 31,
+        }
+
+    def ours(i: int) -> Any:
+        return _cost.Price("openai", ("gpt-4o-mini",), None, counts(i), start_ns)._calculate()
+
+    def theirs(i: int) -> Any:
+        usage = genai_prices.Usage(**counts(i))
+        return genai_prices.calc_price(
+            usage, "gpt-4o-mini", provider_id="openai", genai_request_timestamp=when
+        )
+
+    calc = theirs(0)  # the same figures, or the comparison means nothing
+    assert ours(0) == (float(calc.input_price), float(calc.output_price), float(calc.total_price))
+    figures: dict[str, list[float]] = {"looptrace": [], "genai-prices": []}
+    for r in range(rounds):
+        order = [("looptrace", ours), ("genai-prices", theirs)]
+        for name, fn in order if r % 2 == 0 else order[::-1]:
+            c0 = time.process_time()
+            for i in range(calls):
+                fn(r * calls + i)
+            figures[name].append((time.process_time() - c0) / calls * 1e6)
+    a, b = (statistics.median(figures[k]) for k in ("looptrace", "genai-prices"))
+    print(f"pricing one LLM call (gpt-4o-mini, {rounds} rounds x {calls} calls, CPU)")
+    print(f"  looptrace     {a:7.1f} us")
+    print(f"  genai-prices  {b:7.1f} us   ({b / a:.1f}x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--stall-rounds", type=int, default=4)
     parser.add_argument("--stall-calls", type=int, default=10)
+    parser.add_argument(
+        "--pricing", action="store_true", help="only an LLM call's cost, worked out per call"
+    )
     args = parser.parse_args()
+    if args.pricing:
+        pricing(args.rounds, args.calls)
+        return
     proc, port = start_server()
     try:
         looptrace.configure(endpoint=f"http://127.0.0.1:{port}/v1/traces", service_name="bench")
