@@ -288,7 +288,11 @@ def test_sigterm_flushes_and_reports_with_shutdown_on_signal(
                     with looptrace.span(f"s{{i}}"):
                         pass
                 print("ready", flush=True)
-                time.sleep(60)
+                # Short sleeps: Python runs a handler when the main thread next runs Python
+                # code, and a signal landing just before one long sleep begins would wait
+                # for that sleep to end.
+                for _ in range(1200):
+                    time.sleep(0.05)
                 """
             )
         )

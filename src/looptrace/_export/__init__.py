@@ -432,7 +432,8 @@ def shutdown_on_signal(*signals: int) -> None:
     (``shutdown_timeout``), reporting on standard error what could not be sent, then does what
     it did before: calls the handler that was installed, or, for the default action, ends the
     process by the same signal (so its exit status still says which). Call it from the main
-    thread, as Python requires of signal handlers."""
+    thread, as Python requires of signal handlers. Python runs the handler when the main thread
+    next runs Python code: a main thread blocked in one long call handles it when that returns."""
     import signal
 
     for signum in signals or (signal.SIGTERM,):
