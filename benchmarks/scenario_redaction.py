@@ -6,18 +6,50 @@ message's role and content, token counts, a tool call's name), a 6,000-character
 ``request`` dict holding ``user``, ``session`` and headers with ``Authorization`` and an
 ``api_key``. The clean variant renames the credential keys. Each row serializes the value as
 the exporter does (``_serialize.dumps_or_steps`` run to its end), ``--calls`` times, and prints
-the time per call; under ``valgrind --tool=callgrind`` pass ``--calls 0`` once and ``--calls N``
+the time per call. ``--shape image`` passes a multimodal chat request instead: a 2.5 MB PNG
+as a base64 data URL, the same ``request`` dict, and usage (a few keys, one huge string). Under ``valgrind --tool=callgrind`` pass ``--calls 0`` once and ``--calls N``
 once and subtract, for instruction counts that do not move with the machine's load::
 
     python benchmarks/scenario_redaction.py
     valgrind --tool=callgrind --callgrind-out-file=/dev/null python benchmarks/scenario_redaction.py --only secret --calls 20
+    python benchmarks/scenario_redaction.py --shape image
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import random
 import time
 from typing import Any
+
+
+def _request(credentials: bool) -> dict[str, Any]:
+    key, auth = ("api_key", "Authorization") if credentials else ("api_name", "Accept")
+    return {
+        "user": "ann",
+        "session": "conv-42",
+        "headers": {auth: "Bearer sk-live-123", key: "sk-live-456", "X-Trace": "1"},
+        "usage": {"prompt_tokens": 1200, "completion_tokens": 300, "total_tokens": 1500},
+    }
+
+
+def image_payload(credentials: bool, size: int = 2_500_000) -> dict[str, Any]:
+    raw = random.Random(1).randbytes(size * 3 // 4)
+    image = "data:image/png;base64," + base64.b64encode(raw).decode()
+    return {
+        "messages": [
+            {"role": "system", "content": "You describe product photos for the catalogue."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Describe this photo in two sentences."},
+                    {"type": "image_url", "image_url": {"url": image, "detail": "high"}},
+                ],
+            },
+        ],
+        "request": _request(credentials),
+    }
 
 
 def payload(credentials: bool) -> dict[str, Any]:
@@ -37,16 +69,10 @@ def payload(credentials: bool) -> dict[str, Any]:
             return [leaf(start + i) for i in range(4)]
         return {f"n{k}": tree(depth - 1, start * 4 + k * 4) for k in range(4)}
 
-    key, auth = ("api_key", "Authorization") if credentials else ("api_name", "Accept")
     return {
         "tree": tree(4, 0),  # 4**4 * 4 = 1,024 leaves at depth 6
         "note": "lorem ipsum " * 500,
-        "request": {
-            "user": "ann",
-            "session": "conv-42",
-            "headers": {auth: "Bearer sk-live-123", key: "sk-live-456", "X-Trace": "1"},
-            "usage": {"prompt_tokens": 1200, "completion_tokens": 300, "total_tokens": 1500},
-        },
+        "request": _request(credentials),
     }
 
 
@@ -54,7 +80,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--only", choices=("secret", "clean"), default=None)
+    parser.add_argument("--shape", choices=("structure", "image"), default="structure")
     args = parser.parse_args()
+    make = image_payload if args.shape == "image" else payload
     import looptrace
     from looptrace import _serialize
     from looptrace._serialize import walk
@@ -65,7 +93,7 @@ def main() -> None:
     for name, credentials in rows:
         if args.only and name != args.only:
             continue
-        value = payload(credentials)
+        value = make(credentials)
         out = _run(walk, value, pol)  # learns the shape, as a long-running process has
         if credentials:
             assert b"sk-live" not in out, "a credential went out"

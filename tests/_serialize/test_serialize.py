@@ -1078,3 +1078,31 @@ def test_a_payload_with_a_credential_is_masked_without_the_careful_walk() -> Non
     doc = json.loads(out)
     assert doc["request"] == {"headers": {"Authorization": REDACTED}, "api_key": REDACTED}
     assert doc["rows"] == rows
+
+
+def test_a_large_image_request_with_credentials_is_masked_and_the_image_kept_whole() -> None:
+    """A multimodal request (a data URL of megabytes, a few keys) with an API key in its
+    headers: the credentials are masked wherever they sit, before or after the long strings,
+    the image comes out byte for byte, and a long string holding JSON as text (escaped
+    quotes, '":' inside) is not read as keys. No careful walk is taken."""
+    image = "data:image/png;base64," + base64.b64encode(bytes(range(256)) * 8_000).decode()
+    quoted_json = orjson.dumps({"api_key": "not-a-key-here", "x": image[:5000]}).decode()
+    value = {
+        "headers": {"Authorization": "Bearer sk-live-1", "Accept": "application/json"},
+        "messages": [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": image}}]},
+            {"role": "tool", "content": quoted_json},
+        ],
+        "api_key": {"value": "sk-live-2", "scopes": ["read"]},
+        "usage": {"prompt_tokens": 1_105, "completion_tokens": 61},
+    }
+    before = _serialize.stats["slow_paths"]
+    out = to_json(value, CFG.replace(max_value_bytes=8_000_000))
+    assert _serialize.stats["slow_paths"] == before
+    assert "sk-live" not in out
+    doc = json.loads(out)
+    assert doc["headers"] == {"Authorization": REDACTED, "Accept": "application/json"}
+    assert doc["api_key"] == REDACTED
+    assert doc["messages"][0]["content"][0]["image_url"]["url"] == image
+    assert doc["messages"][1]["content"] == quoted_json
+    assert doc["usage"] == value["usage"]
