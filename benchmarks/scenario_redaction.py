@@ -6,9 +6,11 @@ message's role and content, token counts, a tool call's name), a 6,000-character
 ``request`` dict holding ``user``, ``session`` and headers with ``Authorization`` and an
 ``api_key``. The clean variant renames the credential keys. Each row serializes the value as
 the exporter does (``_serialize.dumps_or_steps`` run to its end), ``--calls`` times, and prints
-the time per call. ``--shape image`` passes a multimodal chat request instead: a 2.5 MB PNG
-as a base64 data URL, the same ``request`` dict, and usage (a few keys, one huge string). Under ``valgrind --tool=callgrind`` pass ``--calls 0`` once and ``--calls N``
-once and subtract, for instruction counts that do not move with the machine's load::
+the time per call. ``--shape image`` passes the large-payload row's multimodal chat request
+instead (``scenario_large_payloads.image_payload``: a 2.5 MB PNG as a base64 data URL, the
+request's settings and headers, usage; a few keys, one huge string). Under
+``valgrind --tool=callgrind`` pass ``--calls 0`` once and ``--calls N`` once and subtract, for
+instruction counts that do not move with the machine's load::
 
     python benchmarks/scenario_redaction.py
     valgrind --tool=callgrind --callgrind-out-file=/dev/null python benchmarks/scenario_redaction.py --only secret --calls 20
@@ -18,38 +20,8 @@ once and subtract, for instruction counts that do not move with the machine's lo
 from __future__ import annotations
 
 import argparse
-import base64
-import random
 import time
 from typing import Any
-
-
-def _request(credentials: bool) -> dict[str, Any]:
-    key, auth = ("api_key", "Authorization") if credentials else ("api_name", "Accept")
-    return {
-        "user": "ann",
-        "session": "conv-42",
-        "headers": {auth: "Bearer sk-live-123", key: "sk-live-456", "X-Trace": "1"},
-        "usage": {"prompt_tokens": 1200, "completion_tokens": 300, "total_tokens": 1500},
-    }
-
-
-def image_payload(credentials: bool, size: int = 2_500_000) -> dict[str, Any]:
-    raw = random.Random(1).randbytes(size * 3 // 4)
-    image = "data:image/png;base64," + base64.b64encode(raw).decode()
-    return {
-        "messages": [
-            {"role": "system", "content": "You describe product photos for the catalogue."},
-            {
-                "role": "user",
-                "content": [
-                    {"type": "text", "text": "Describe this photo in two sentences."},
-                    {"type": "image_url", "image_url": {"url": image, "detail": "high"}},
-                ],
-            },
-        ],
-        "request": _request(credentials),
-    }
 
 
 def payload(credentials: bool) -> dict[str, Any]:
@@ -69,10 +41,16 @@ def payload(credentials: bool) -> dict[str, Any]:
             return [leaf(start + i) for i in range(4)]
         return {f"n{k}": tree(depth - 1, start * 4 + k * 4) for k in range(4)}
 
+    key, auth = ("api_key", "Authorization") if credentials else ("api_name", "Accept")
     return {
         "tree": tree(4, 0),  # 4**4 * 4 = 1,024 leaves at depth 6
         "note": "lorem ipsum " * 500,
-        "request": _request(credentials),
+        "request": {
+            "user": "ann",
+            "session": "conv-42",
+            "headers": {auth: "Bearer sk-live-123", key: "sk-live-456", "X-Trace": "1"},
+            "usage": {"prompt_tokens": 1200, "completion_tokens": 300, "total_tokens": 1500},
+        },
     }
 
 
@@ -82,7 +60,14 @@ def main() -> None:
     parser.add_argument("--only", choices=("secret", "clean"), default=None)
     parser.add_argument("--shape", choices=("structure", "image"), default="structure")
     args = parser.parse_args()
-    make = image_payload if args.shape == "image" else payload
+    if args.shape == "image":
+        # The large-payload row's own request, so both measure the same bytes.
+        from scenario_large_payloads import image_payload
+
+        def make(credentials: bool) -> dict[str, Any]:
+            return image_payload(2_500_000, credentials)
+    else:
+        make = payload
     import looptrace
     from looptrace import _serialize
     from looptrace._serialize import walk
