@@ -21,7 +21,7 @@ import datetime
 import logging
 import threading
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 from .. import _semconv as sc
 from .._capture.spans import Deferred, Span
@@ -131,12 +131,8 @@ class Price:
             price = info.get_prices(when)
             affine = _affine(prices, provider, price, counts) if _in_range(counts) else None
             if affine is not None:
-                intercept, slopes = affine
-                return (
-                    float(intercept[0] + sum((s * counts[k] for k, s in slopes[0]), _ZERO)),
-                    float(intercept[1] + sum((s * counts[k] for k, s in slopes[1]), _ZERO)),
-                    float(intercept[2] + sum((s * counts[k] for k, s in slopes[2]), _ZERO)),
-                )
+                cost_in, cost_out, total = _evaluate(affine, counts)
+                return (float(cost_in), float(cost_out), float(total))
             calc = info.calc_price(prices.Usage(**counts), provider, genai_request_timestamp=when)
             return (float(calc.input_price), float(calc.output_price), float(calc.total_price))
         return ()
@@ -166,6 +162,17 @@ _Affine = tuple[tuple[Decimal, Decimal, Decimal], tuple[tuple[tuple[str, Decimal
 # the affine price, or None where the price is not affine).
 _affines: dict[tuple[int, tuple[str, ...]], tuple[Any, _Affine | None]] = {}
 _AFFINES_MAX = 512
+
+
+def _evaluate(affine: _Affine, counts: dict[str, int]) -> tuple[Decimal, Decimal, Decimal]:
+    """(input, output, total) of an affine price at ``counts``, exact."""
+    (base_in, base_out, base_total), (terms_in, terms_out, terms_total) = affine
+    # Written out, not looped over: this runs for every LLM span the flusher encodes.
+    return (
+        base_in + sum((s * counts[k] for k, s in terms_in), _ZERO),
+        base_out + sum((s * counts[k] for k, s in terms_out), _ZERO),
+        base_total + sum((s * counts[k] for k, s in terms_total), _ZERO),
+    )
 
 
 def _in_range(counts: dict[str, int]) -> bool:
@@ -220,12 +227,9 @@ def _fit(prices: Any, price: Any, kinds: tuple[str, ...]) -> _Affine | None:
     intercept = tuple(
         at_base[i] - sum((s * base[k] for k, s in slopes[i]), _ZERO) for i in range(3)
     )
+    affine = cast("_Affine", (intercept, tuple(tuple(s) for s in slopes)))
     check = {k: _CHECK[k] for k in kinds}
-    expected = at(check)
-    for i in range(3):
-        if intercept[i] + sum((s * check[k] for k, s in slopes[i]), _ZERO) != expected[i]:
-            return None
-    return (intercept, tuple(tuple(s) for s in slopes))  # type: ignore[return-value]
+    return affine if _evaluate(affine, check) == at(check) else None
 
 
 class CostPart(Deferred):
