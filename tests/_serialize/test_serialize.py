@@ -630,6 +630,30 @@ def test_key_scan_on_very_large_dicts() -> None:
     assert out["k2499"] == records(3)
 
 
+def test_key_scan_of_distinct_keys_reads_each_key_alone() -> None:
+    """Where keys do not repeat (ids as keys), the scan looks for the redaction words in the
+    text. A match stays inside one key: a secret key whose value starts with "count" is
+    still found (``"secret":"count..."`` is not ``secret_count``), and two plain keys in a
+    row do not make a secret one (``"x_api":{"key":...}`` is not ``x_api_key``)."""
+    pol = fresh_policy()
+    # The word scan itself (what the key scan falls back to when it cannot tell).
+    assert pol._scan_words(orjson.dumps({"secret": "count of users"}))
+    assert pol._scan_words(orjson.dumps({"meta": {"token": "counted"}}))
+    assert not pol._scan_words(orjson.dumps({"x_api": {"key": 1}}))
+    wide = {f"user-{i}": {"n": i} for i in range(50_000)}
+    assert pol.maybe_secret(orjson.dumps({**wide, "secret": "count of users"}))
+    assert not pol.maybe_secret(orjson.dumps({**wide, "x_api": {"key": 1}}))
+    assert not pol.maybe_secret(orjson.dumps({**wide, "by_api": ["key"]}))
+    # An escaped backslash is part of the key's text, not an escape of the letter after it.
+    assert not pol.is_secret("\\ntoken")
+    assert not pol.maybe_secret(orjson.dumps({**wide, "\\ntoken": 1}))
+    assert pol.maybe_secret(orjson.dumps({**wide, "\ntoken": 1}))
+    # A word split by case is two words: "apikEy" is apik + ey.
+    assert not pol.is_secret("apikEy")
+    assert not pol.maybe_secret(orjson.dumps({**wide, "apikEy": 1}))
+    assert pol.maybe_secret(orjson.dumps({**wide, "apiKey": 1}))
+
+
 def test_a_flood_of_unrelated_keys_cannot_keep_later_secret_keys_unlearned() -> None:
     """Keys learned plain are bounded; when earlier payloads filled that room with keys that
     never come back, a later shape's keys still get learned (so its scans answer from the keys,

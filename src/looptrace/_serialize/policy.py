@@ -33,12 +33,19 @@ def _segments(text: str) -> tuple[str, ...]:
     return tuple(m.lower() for m in re.findall(r"[A-Z]+[a-z]*|[a-z]+", text))
 
 
+# Between two letters of one word: no lowercase-to-uppercase step, where the key's words split
+# (``apikEy`` is the words "apik" and "ey", not "apikey").
+_NO_SPLIT = rb"(?!(?<=[a-z])[A-Z])"
+
+
 def _letters(segment: str) -> bytes:
-    return b"".join(b"[" + c.encode() + c.upper().encode() + b"]" for c in segment)
+    return _NO_SPLIT.join(b"[" + c.encode() + c.upper().encode() + b"]" for c in segment)
 
 
-# In orjson's output a separator between words is any non-letter, or an escape such as \n.
-_SEP = rb"(?:(?:[^A-Za-z]|\\[bfnrt]|\\u00[0-9a-fA-F]{2})+|(?<=[a-z])(?=[A-Z]))"
+# In orjson's output a separator between words is any non-letter, or an escape such as \n,
+# inside one string: an unescaped quote ends it, so a match never runs from one key into the
+# next (``"x_api": {"key...``), which the rule would not call secret.
+_SEP = rb'(?:(?:[^A-Za-z"\\]|\\[bfnrt"\\/]|\\u00[0-9a-fA-F]{2})+|(?<=[a-z])(?=[A-Z]))'
 _AFTER = rb"(?:(?![A-Za-z])|(?<=[a-z])(?=[A-Z]))"
 # A key that counts what the word names is no secret: ``token_count``, ``prompt_token_count``,
 # ``llm.token_count.prompt`` (how Gemini and OpenInference report LLM usage) are kept.
@@ -378,8 +385,11 @@ def _boundary_before(out: bytes, p: int) -> bool:
         return True
     if 97 <= c <= 122 and 65 <= out[p] <= 90:
         return True
-    # Preceded by an escape (\n, \u00e9...): the key had a separator there.
-    return out[p - 2] == 92 or (p >= 6 and out[p - 6 : p - 4] == b"\\u")
+    # Preceded by an escape (\n, \u00e9...): the key had a separator there. Not after an
+    # escaped backslash: the text \\ntoken is the key backslash-"ntoken", one word.
+    return (out[p - 2] == 92 and _escaped(out, p - 1)) or (
+        p >= 6 and out[p - 6 : p - 4] == b"\\u" and _escaped(out, p - 5)
+    )
 
 
 def _is_key_end(out: bytes, pos: int) -> bool:
