@@ -20,6 +20,7 @@ from looptrace._capture.spans import UNSET, CallSite, Event, RemoteChildSpan, Sc
 from looptrace._config import Config
 from looptrace._otlp.span_encoder import CLEAN, HOOKED, LARGE, OFFLOAD, SpanEncoder
 from looptrace._serialize import REDACTED, to_wire
+from looptrace._serialize.policy import Policy
 from looptrace.collector.decode import decode_request
 from looptrace.testing import capture_spans
 from steps_support import run_steps
@@ -212,6 +213,48 @@ def test_plan_offloads_large_strings_only() -> None:
 def test_plan_says_clean_only_when_every_key_was_seen(inputs: Any, clean: bool) -> None:
     """CLEAN (skip the secret-key scan) needs every dict key seen, all strings, none secret."""
     assert bool(plan(make_span(inputs=inputs), CFG) & CLEAN) is clean
+
+
+def test_a_priced_llm_span_is_clean_and_its_payloads_are_not_scanned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An LLM call's cost attributes are worked out at export (deferred values): they resolve
+    to numbers and cannot hold a key, so they do not cost the span's messages the scan for
+    secret keys. The encoded span is the same either way."""
+    from looptrace._capture.spans import Deferred
+
+    class Cost(Deferred):
+        def resolve(self) -> float:
+            return 0.25
+
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    span = make_span(inputs=messages, output={"role": "assistant", "content": "sunny"})
+    span.attributes = {"llm.cost.total": Cost(), "gen_ai.input.messages": messages}
+    flags = plan(span, CFG)
+    assert flags & CLEAN
+    scanned: list[bytes] = []
+    real = Policy.maybe_secret
+
+    def watched(self: Policy, out: bytes) -> bool:
+        scanned.append(out)
+        return real(self, out)
+
+    monkeypatch.setattr(Policy, "maybe_secret", watched)
+    enc = SpanEncoder(CFG)
+    chunk = enc.encode(span, flags)
+    assert scanned == []
+    assert chunk == enc.encode(span, flags & ~CLEAN)
+    assert scanned  # the scan this spares is the one an unclean span pays
+    assert decoded(chunk)["llm.cost.total"] == 0.25
+    assert json.loads(decoded(chunk)["gen_ai.input.messages"]) == messages
+
+    # A secret key inside an attribute's value makes the span unclean, and it is masked.
+    leaky = [{"role": "user", "content": "hi", "api_key": "sk-live"}]
+    span.attributes = {"llm.cost.total": Cost(), "gen_ai.input.messages": leaky}
+    flags = plan(span, CFG)
+    assert not flags & CLEAN
+    sent = json.loads(decoded(enc.encode(span, flags))["gen_ai.input.messages"])
+    assert sent == [{"role": "user", "content": "hi", "api_key": REDACTED}]
 
 
 def test_plan_walk_is_bounded_for_huge_flat_dicts() -> None:

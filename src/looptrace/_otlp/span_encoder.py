@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _serialize
 from .._capture.attributes import ContextAttributes
-from .._capture.spans import UNSET, CallSite, Span
+from .._capture.spans import UNSET, CallSite, Deferred, Span
 from .._semconv import (
     INPUT_MIME_TYPE,
     INPUT_VALUE,
@@ -244,7 +244,8 @@ class SpanEncoder:
                         continue
                     else:
                         total += _serialize.leaf_size(x)
-                        if t not in _KEYLESS:
+                        # A deferred attribute (an LLM call's price) resolves to a scalar.
+                        if t not in _KEYLESS and not isinstance(x, Deferred):
                             clean = check_keys = False
                     if total >= threshold >= 0:
                         return OFFLOAD | hooked
@@ -336,7 +337,8 @@ class SpanEncoder:
                 # that attribute's place: the general route keeps that order.
                 return None
             own: dict[str, AttrValue] = {}
-            _serialize.attributes_into(attributes, pol, own)
+            # The plan's walk saw the values' keys too: CLEAN covers their JSON.
+            _serialize.attributes_into(attributes, pol, own, flags & CLEAN != 0)
             items = list(own.items())
             for _, v in items:
                 if type(v) is str:

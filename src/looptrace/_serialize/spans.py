@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 # --------------------------------------------------------------------------- spans
 
 
-def _attr(value: Any, pol: Policy) -> AttrValue | None:
+def _attr(value: Any, pol: Policy, keys_clean: bool = False) -> AttrValue | None:
     cls = type(value)
     if cls is str:
         return _cut_str(value, pol.max_value_bytes)
@@ -63,10 +63,19 @@ def _attr(value: Any, pol: Policy) -> AttrValue | None:
                 return list(value)
             if kind is int and all(_INT64_MIN <= x < (1 << 63) for x in value):
                 return list(value)
-    return _dumps(value, pol).decode("utf-8")
+    return _dumps(value, pol, keys_clean).decode("utf-8")
 
 
-def _attributes(src: Mapping[str, Any] | None, pol: Policy, out: dict[str, AttrValue]) -> None:
+def _attributes(
+    src: Mapping[str, Any] | None,
+    pol: Policy,
+    out: dict[str, AttrValue],
+    keys_clean: bool = False,
+) -> None:
+    """``src`` as OTLP attribute values into ``out``, each secret-named key redacted.
+    ``keys_clean``: a walk of the values already showed that no dict in them has a secret
+    key (see :meth:`~looptrace._otlp.span_encoder.SpanEncoder.plan`), so the JSON of a
+    structured value is not scanned for one."""
     if not src:
         return
     for k, v in src.items():
@@ -77,7 +86,7 @@ def _attributes(src: Mapping[str, Any] | None, pol: Policy, out: dict[str, AttrV
             out[k] = REDACTED
             continue
         try:
-            a = _attr(v, pol)
+            a = _attr(v, pol, keys_clean)
         except Exception:
             a = placeholder(v)
         if a is not None:
