@@ -37,10 +37,14 @@ handler or processor that does nothing: a LangChain callback handler run inline,
 processor, pydantic-ai's instrumentation on the OpenTelemetry API's no-op provider, a LiteLLM
 ``CustomLogger``; the least any tracer plugged in there can add), looptrace and the peer. What
 a step adds is the difference to the untraced run over its LLM and tool calls: a figure the
-machine's load does not move. Under callgrind a program runs some fifty times slower, so work
-a tracer does on a timer (a batch exporter's schedule, looptrace's encoding slices of 0.5 ms)
-happens more often per span than at full speed: the tracers' figures are upper bounds, the
-floor and the untraced run exact. LiteLLM is left out by default: its own timed work
+machine's load does not move. Under callgrind a program runs some fifty times slower, so a
+tracer's timers would fire fifty times as often per span as at full speed: the counted runs
+set them past the run (looptrace's flush interval and in-progress snapshots, the batch
+processors' schedules), so each tracer sends once, at the flush after the run, as it does at
+full speed for a run this short. What no setting reaches (looptrace's spool replayer looking
+for files every 2 s, the Agents SDK's batch thread waking every 0.2 s, looptrace's encoding
+slices of 0.5 ms) still happens more often: the tracers' figures are upper bounds, the floor
+and the untraced run exact. LiteLLM is left out by default: its own timed work
 dominates its run under callgrind (its counts moved by tens of millions between variants).
 
     python benchmarks/scenario_agents.py [--steps 50] [--rounds 3] [--runs 5] [--frameworks ...]
@@ -110,6 +114,13 @@ def openai_agents_run(variant: str, steps: int, tools: int, otlp: str, sink: str
 
         agents.set_tracing_export_api_key("sk-bench")
         default_exporter().endpoint = sink
+        if os.environ.get("BENCH_COUNT"):
+            from agents.tracing.processors import BatchTraceProcessor
+
+            # Sends at the flush after the run only, as at full speed (see COUNT_TIMERS).
+            agents.set_trace_processors(
+                [BatchTraceProcessor(default_exporter(), schedule_delay=COUNT_TIMERS)]
+            )
 
     class Scripted(Model):
         """Calls the tool ``tools`` times a turn until it has had ``steps`` turns, then
@@ -567,11 +578,29 @@ class _Fixed:
         return self.handler
 
 
+# Under callgrind a run takes some fifty times as long, so a tracer's timers (looptrace's flush
+# interval and in-progress snapshots, a batch processor's schedule) would fire fifty times as
+# often per span as at full speed, where a 10-turn run (tens of milliseconds) ends before any
+# of them. The counted runs set them all past the run (seconds): every tracer sends what the run
+# recorded once, at the flush after it, as it would at full speed. What no setting reaches
+# still fires more often (looptrace's spool replayer looks for files every 2 s, the Agents
+# SDK's batch thread wakes every 0.2 s, LangSmith's thread sends as it goes).
+COUNT_TIMERS = 1000.0
+
+
 def count(framework: str, variant: str, steps: int, otlp: str, sink: str, tmp: str) -> int:
     """Instructions of one warm agent run and the flush after it, every thread of the
     process, under callgrind."""
     out = os.path.join(tmp, f"cg-{framework}-{variant}")
-    env = {**os.environ, "BENCH_COUNT": "1", "PYTHONHASHSEED": "0"}
+    env = {
+        **os.environ,
+        "BENCH_COUNT": "1",
+        "PYTHONHASHSEED": "0",
+        # Each tracer sends at the flush after the run only (see COUNT_TIMERS).
+        "LOOPTRACE_FLUSH_INTERVAL": str(COUNT_TIMERS),
+        "LOOPTRACE_IN_PROGRESS_AFTER": str(COUNT_TIMERS),
+        "OTEL_BSP_SCHEDULE_DELAY": str(int(COUNT_TIMERS * 1000)),
+    }
     done = subprocess.run(
         [
             *("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"),
