@@ -197,8 +197,9 @@ class SpanEncoder:
         stack: list[Any] = [span.inputs, span.output]
         if span.attributes:
             # Attribute values count toward the payload size; their top-level keys are not
-            # JSON keys (they are redacted by name when the span is encoded).
-            stack.extend(span.attributes.values())
+            # JSON keys (they are redacted by name when the span is encoded). Walked as one
+            # tuple: its scalars are settled in the loop over it, not popped one by one.
+            stack.append(tuple(span.attributes.values()))
         plain = pol._plain_keys
         total = 0
         budget = _WALK_BUDGET
