@@ -4,11 +4,11 @@ message body, in pieces the flusher and workers splice without re-encoding."""
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._semconv import INPUT_MIME_TYPE, INPUT_VALUE, JSON_MIME, OUTPUT_MIME_TYPE, OUTPUT_VALUE
-from .._wire import Attributes, WireSpan
+from .._wire import Attributes, AttrValue, WireSpan
 from ._common import (
     _FLAGS_LOCAL,
     _FLAGS_REMOTE,
@@ -219,16 +219,20 @@ def span_head(
     return parts
 
 
-def span_attributes(attributes: Attributes, parts: list[bytes]) -> None:
-    """Append each attribute as a ``Span.attributes`` field (9)."""
+def span_attributes(attributes: Iterable[tuple[str, AttrValue]], parts: list[bytes]) -> int:
+    """Append each attribute as a ``Span.attributes`` field (9); return the length of their
+    string values (what the span's size cap counts)."""
     append = parts.append
     cache = _ATTR_CACHE
     keys = _KEY_CACHE
+    text = 0
     for k, v in attributes:
         if type(v) is str:
+            n = len(v)
+            text += n
             # Only short values are cached, and looking a long one up would hash all of it: a
             # new 2.5 MB payload string costs 0.7 ms to hash, for a lookup that cannot hit.
-            if len(v) < _SHORT:
+            if n < _SHORT:
                 piece = cache.get((k, v))
                 if piece is not None:
                     append(piece)
@@ -250,6 +254,7 @@ def span_attributes(attributes: Attributes, parts: list[bytes]) -> None:
             av = _any_value(v)
             nav = _varint(len(av))
             append(b"\x4a" + _varint(len(kp) + len(nav) + len(av)) + kp + nav + av)
+    return text
 
 
 def string_attribute(key: str, value: bytes) -> tuple[bytes, ...]:

@@ -340,11 +340,7 @@ class SpanEncoder:
             own: dict[str, AttrValue] = {}
             # The plan's walk saw the values' keys too: CLEAN covers their JSON.
             _serialize.attributes_into(attributes, pol, own, flags & CLEAN != 0)
-            items = list(own.items())
-            for _, v in items:
-                if type(v) is str:
-                    text_len += len(v)
-            _span_attributes(items, parts)
+            text_len += _span_attributes(own.items(), parts)
         if (
             span.scope is None
             and (not attributes or OPENINFERENCE_SPAN_KIND not in attributes)
