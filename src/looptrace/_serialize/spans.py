@@ -78,10 +78,13 @@ def _attributes(
     structured value is not scanned for one."""
     if not src:
         return
+    redact = pol.redact
+    # is_secret's own cache, read here: the same few keys come back on every span.
+    known = pol._key_cache
     for k, v in src.items():
         if type(k) is not str:
             k = _safe_str(k)
-        if pol.redact and pol.is_secret(k):
+        if redact and (known.get(k) or (k not in known and pol.is_secret(k))):
             stats["redactions"] += 1
             out[k] = REDACTED
             continue
