@@ -203,6 +203,39 @@ async def test_flush_sync_on_the_flusher_loop_does_not_deadlock(server: OtlpTest
     assert server.accepted_span_count == 10
 
 
+async def test_flush_sync_on_the_flusher_loop_takes_over_the_batch_it_was_encoding(
+    server: OtlpTestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop's flusher encodes a batch in slices and yields between them. flush_sync
+    called on that loop between two slices (a test calling it from async code, on a busy
+    machine) blocks the loop: the batch half encoded there is sent by the private thread,
+    so flush_sync still delivers every span. Before, it waited out its timeout."""
+    from looptrace._export.exporter import Slices
+
+    between = asyncio.Event()
+    pause = Slices.pause
+
+    async def paused(self: Slices) -> None:
+        between.set()
+        await pause(self)
+
+    monkeypatch.setattr(Slices, "due", lambda self: True)  # a pause after every span
+    monkeypatch.setattr(Slices, "pause", paused)
+    use(server, flush_interval=5.0)
+    make_spans(10)
+    flushing = asyncio.ensure_future(looptrace.flush(5))
+    await asyncio.wait_for(between.wait(), 5)  # the drain is between two slices of the batch
+    pipeline = _export.current()
+    assert pipeline is not None
+    home = pipeline.flusher.homes.primary
+    assert home is not None and not home.private and home.encoding
+    result = looptrace.flush_sync(5)  # blocks this loop on purpose
+    assert result.ok
+    assert server.accepted_span_count >= 10
+    assert set(server.span_names()) == {f"s{i}" for i in range(10)}
+    assert (await flushing).ok  # the loop then finishes its own copy (a duplicate at worst)
+
+
 async def test_statistics_snapshot(server: OtlpTestServer) -> None:
     """statistics() is a frozen snapshot: queued and in-flight counts and bytes, requests, spans
     sent; bytes in flight are the exact encoded sizes."""

@@ -292,11 +292,12 @@ class Buffer:
             batch.nbytes = nbytes
 
     def replace(self, batch: Batch, parts: list[Batch]) -> None:
-        """Swap an in-flight batch for the parts it was split into."""
+        """Swap an in-flight batch for the parts it was split into. A batch no longer in
+        flight (handed to another thread meanwhile) puts none of its parts there."""
         with self._lock:
-            self._remove_in_flight(batch)
-            for part in parts:
-                self._add_in_flight(part)
+            if self._remove_in_flight(batch):
+                for part in parts:
+                    self._add_in_flight(part)
 
     def sent(self, batch: Batch) -> None:
         with self._lock:

@@ -279,12 +279,15 @@ class Flusher:
             elif batch.spans is None:
                 self._spawn(home, batch)  # encoded: a send that failed, or one never begun
                 continue
+            home.encoding[batch] = batch.spans or []
             try:
                 encoded = await self._encode_begun(batch)
             except BaseException:
                 slots.release()
                 self.buffer.returned(batch)
                 raise
+            finally:
+                home.encoding.pop(batch, None)
             if callable(encoded):
                 # Spans a worker encodes: a task of their own waits for them and sends the
                 # batch, holding the slot, while this drain takes the next one.

@@ -12,11 +12,14 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import report_internal
 from .batch import Batch
 from .exporter import Session
+
+if TYPE_CHECKING:
+    from .._capture.spans import Span
 
 __all__ = [
     "Home",
@@ -93,6 +96,9 @@ class Home:
         self.senders: set[asyncio.Task[None]] = set()
         # Encoded batches this loop holds in flight: being sent, or waiting for a slot.
         self.sending: set[Batch] = set()
+        # Batches this loop took to encode and has not finished, with their spans: a flush
+        # that blocks this loop hands them to the private thread (``Pipeline.flush_sync``).
+        self.encoding: dict[Batch, list[Span]] = {}
         self.session: Session | None = None  # the exporter on this loop
         self.urgent = False  # drain now: a flush or shutdown is waiting
         self.awaiting_slot = False  # a drain waits for a request slot: a sender wakes it

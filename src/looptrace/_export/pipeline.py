@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from .. import _errors
 from .._transport import RetryPolicy, Transport, off_loop
+from .batch import Batch
 from .exporter import Exporter
 from .flusher import Flusher
 from .homes import Home, Waiter, running_asyncio_loop, wait_future
@@ -145,8 +146,8 @@ class Pipeline:
         """Block this thread until the spans ended before the call are resolved.
 
         Called on the thread whose loop hosts the flusher, that flusher cannot run while we
-        block: the pending spans are handed to the private thread instead, and batches that
-        loop already had in flight are reported as pending.
+        block: the pending spans, the batches that loop had in flight and the one it was
+        encoding are handed to the private thread instead.
         """
         before = self._counters()
         target = self.buffer.flush_target()
@@ -168,6 +169,13 @@ class Pipeline:
                     # Send them again from the private thread (a duplicate at worst).
                     for batch in list(home.sending):
                         self.buffer.returned(batch)
+                    # Nor will the batch it was encoding (between two slices): a copy of its
+                    # spans goes to the private thread; the loop, once it runs again, finishes
+                    # and sends the original (a duplicate at worst).
+                    for batch, spans in list(home.encoding.items()):
+                        copy = Batch(batch.lo, batch.hi, list(spans), batch.nbytes)
+                        self.buffer.replace(batch, [copy])
+                        self.buffer.returned(copy)
                 home = homes.thread_home()
             if home.done.is_set():  # no thread could be started (interpreter shutdown)
                 self._drain_inline(waiter, timeout)
