@@ -47,8 +47,13 @@ slices of 0.5 ms) still happens more often: the tracers' figures are upper bound
 and the untraced run exact. LiteLLM is left out by default: its own timed work
 dominates its run under callgrind (its counts moved by tens of millions between variants).
 
+``--encoder`` counts looptrace's encoder alone (size estimate, planning walk, encoding) over the
+spans of one run captured in memory, per span, under callgrind with the garbage collector off:
+the flusher's share of an integration's cost, which the run's other work does not move.
+
     python benchmarks/scenario_agents.py [--steps 50] [--rounds 3] [--runs 5] [--frameworks ...]
     python benchmarks/scenario_agents.py --instructions [--steps 10] [--frameworks ...]
+    python benchmarks/scenario_agents.py --encoder [--steps 10] [--frameworks ...]
 """
 
 from __future__ import annotations
@@ -656,6 +661,76 @@ def instructions(frameworks: list[str], steps: int, otlp: str, sink: str) -> Non
             )
 
 
+def encoder_worker(framework: str, steps: int) -> None:
+    """Under callgrind: the spans of one traced run, captured in memory, then looptrace's
+    encoder over them (the size estimate, the planning walk, the encoding), counted alone with
+    the garbage collector off. What the flusher spends per span on the spans an integration
+    makes, whatever the rest of the run does."""
+    import gc
+
+    from looptrace import _export, _serialize
+    from looptrace._otlp.span_encoder import SpanEncoder
+    from looptrace.integrations import _common
+    from looptrace.testing import capture_spans
+
+    _common.load_prices()
+    run = RUNS[framework]("looptrace", steps, 1, "", "")
+    with capture_spans() as spans:
+        asyncio.run(run())
+    encoder = SpanEncoder(_export.get_config())
+
+    def encode_all() -> None:
+        for span in spans:
+            _serialize.estimate_size(span)
+            encoder.encode(span, encoder.plan(span))
+
+    encode_all()  # warm: caches, the prices worked out
+    gc.disable()
+    os.getppid()
+    encode_all()
+    os.getpgrp()
+    print(len(spans))
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def encoder_instructions(frameworks: list[str], steps: int) -> None:
+    """Per framework, the encoder's instructions per span of one run (see encoder_worker).
+    Run it with an older ``src`` first on PYTHONPATH to compare commits."""
+    import tempfile
+
+    if shutil.which("valgrind") is None:
+        print("--encoder needs valgrind")
+        return
+    print(f"looptrace's encoder over the spans of one {steps}-turn run, under callgrind")
+    print("| framework | spans | instructions | per span |")
+    print("|---|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for framework in frameworks:
+            out = os.path.join(tmp, f"enc-{framework}")
+            done = subprocess.run(
+                [
+                    *("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"),
+                    *("--zero-before=os_getppid", "--dump-before=os_getpgrp"),
+                    *(sys.executable, __file__, "--encoder-worker", framework),
+                    *("--steps", str(steps)),
+                ],
+                env={**os.environ, "PYTHONHASHSEED": "0"},
+                capture_output=True,
+                text=True,
+                timeout=3600,
+            )
+            dumps = [f for f in os.listdir(tmp) if f.startswith(f"enc-{framework}.")]
+            if done.returncode != 0 or len(dumps) != 1:
+                raise RuntimeError(f"{framework}: exit {done.returncode}: {done.stderr[-2000:]}")
+            spans = int(done.stdout.split()[-1])
+            text = Path(tmp, dumps[0]).read_text()
+            total = int(text.split("\nsummary: ", 1)[1].split()[0])
+            print(
+                f"| {NAMES[framework]} | {spans} | {total:,} | {total / spans:,.0f} |", flush=True
+            )
+
+
 COUNTED = ("untraced", "floor", "looptrace", "peer")
 INSTRUCTIONS_DEFAULT = "openai-agents,langchain,pydantic-ai"
 
@@ -672,6 +747,12 @@ def main() -> None:
     parser.add_argument("--sink", default="")
     parser.add_argument("--serve-sink", action="store_true")
     parser.add_argument(
+        "--encoder",
+        action="store_true",
+        help="looptrace's encoder alone: instructions per span of one run (10 turns)",
+    )
+    parser.add_argument("--encoder-worker", help=argparse.SUPPRESS)
+    parser.add_argument(
         "--handler-cost",
         action="store_true",
         help="only the LangChain handler's own CPU per step, on replayed callbacks",
@@ -684,6 +765,14 @@ def main() -> None:
     args = parser.parse_args()
     if args.serve_sink:
         serve_sink()
+        return
+    if args.encoder_worker:
+        encoder_worker(args.encoder_worker, args.steps)
+        return
+    if args.encoder:
+        steps = args.steps if "--steps" in sys.argv else 10
+        chosen = args.frameworks if "--frameworks" in sys.argv else INSTRUCTIONS_DEFAULT
+        encoder_instructions(chosen.split(","), steps)
         return
     if args.handler_cost:
         langchain_handler_cost(args.steps, 20)
