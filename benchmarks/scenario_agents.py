@@ -593,40 +593,41 @@ class _Fixed:
 COUNT_TIMERS = 1000.0
 
 
+def counted(name: str, args: list[str], env: dict[str, str], tmp: str) -> tuple[int, str]:
+    """Instructions this script counts between its ``os.getppid()`` and ``os.getpgrp()``
+    markers when run with ``args`` under callgrind (every thread), and what it printed."""
+    done = subprocess.run(
+        [
+            *("valgrind", "--tool=callgrind", f"--callgrind-out-file={os.path.join(tmp, name)}"),
+            *("--zero-before=os_getppid", "--dump-before=os_getpgrp"),
+            *(sys.executable, __file__, *args),
+        ],
+        env={**os.environ, "PYTHONHASHSEED": "0", **env},
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    dumps = [f for f in os.listdir(tmp) if f.startswith(f"{name}.")]
+    if done.returncode != 0 or len(dumps) != 1:
+        said = [line for line in done.stderr.splitlines() if not line.startswith("==")]
+        raise RuntimeError(f"{name}: exit {done.returncode}, dumps {dumps}: {said[-20:]}")
+    text = Path(tmp, dumps[0]).read_text()
+    return int(text.split("\nsummary: ", 1)[1].split()[0]), done.stdout
+
+
 def count(framework: str, variant: str, steps: int, otlp: str, sink: str, tmp: str) -> int:
     """Instructions of one warm agent run and the flush after it, every thread of the
     process, under callgrind."""
-    out = os.path.join(tmp, f"cg-{framework}-{variant}")
     env = {
-        **os.environ,
         "BENCH_COUNT": "1",
-        "PYTHONHASHSEED": "0",
         # Each tracer sends at the flush after the run only (see COUNT_TIMERS).
         "LOOPTRACE_FLUSH_INTERVAL": str(COUNT_TIMERS),
         "LOOPTRACE_IN_PROGRESS_AFTER": str(COUNT_TIMERS),
         "OTEL_BSP_SCHEDULE_DELAY": str(int(COUNT_TIMERS * 1000)),
     }
-    done = subprocess.run(
-        [
-            *("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"),
-            *("--zero-before=os_getppid", "--dump-before=os_getpgrp"),
-            *(sys.executable, __file__, "--worker", framework, variant),
-            *("--steps", str(steps), "--tools", "1", "--runs", "1"),
-            *("--otlp", otlp, "--sink", sink),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
-    dumps = [f for f in os.listdir(tmp) if f.startswith(f"cg-{framework}-{variant}.")]
-    if done.returncode != 0 or len(dumps) != 1:
-        said = [line for line in done.stderr.splitlines() if not line.startswith("==")]
-        raise RuntimeError(
-            f"{framework} {variant}: exit {done.returncode}, dumps {dumps}: {said[-20:]}"
-        )
-    text = Path(tmp, dumps[0]).read_text()
-    return int(text.split("\nsummary: ", 1)[1].split()[0])
+    args = ["--worker", framework, variant, "--steps", str(steps), "--tools", "1"]
+    args += ["--runs", "1", "--otlp", otlp, "--sink", sink]
+    return counted(f"cg-{framework}-{variant}", args, env, tmp)[0]
 
 
 def instructions(frameworks: list[str], steps: int, otlp: str, sink: str) -> None:
@@ -707,25 +708,9 @@ def encoder_instructions(frameworks: list[str], steps: int) -> None:
     print("|---|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         for framework in frameworks:
-            out = os.path.join(tmp, f"enc-{framework}")
-            done = subprocess.run(
-                [
-                    *("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"),
-                    *("--zero-before=os_getppid", "--dump-before=os_getpgrp"),
-                    *(sys.executable, __file__, "--encoder-worker", framework),
-                    *("--steps", str(steps)),
-                ],
-                env={**os.environ, "PYTHONHASHSEED": "0"},
-                capture_output=True,
-                text=True,
-                timeout=3600,
-            )
-            dumps = [f for f in os.listdir(tmp) if f.startswith(f"enc-{framework}.")]
-            if done.returncode != 0 or len(dumps) != 1:
-                raise RuntimeError(f"{framework}: exit {done.returncode}: {done.stderr[-2000:]}")
-            spans = int(done.stdout.split()[-1])
-            text = Path(tmp, dumps[0]).read_text()
-            total = int(text.split("\nsummary: ", 1)[1].split()[0])
+            args = ["--encoder-worker", framework, "--steps", str(steps)]
+            total, printed = counted(f"enc-{framework}", args, {}, tmp)
+            spans = int(printed.split()[-1])
             print(
                 f"| {NAMES[framework]} | {spans} | {total:,} | {total / spans:,.0f} |", flush=True
             )
