@@ -114,13 +114,12 @@ class WireSpan:
     def weight(self) -> int:
         """About what the span takes once written out: its strings and bytes, a few bytes for
         each other value, and a fixed cost per span and per event or link."""
-        return (
-            _SPAN_BYTES
-            + len(self.name)
-            + _values_bytes(self.attributes)
-            + sum(_ITEM_BYTES + len(e.name) + _values_bytes(e.attributes) for e in self.events)
-            + sum(_ITEM_BYTES + _values_bytes(link.attributes) for link in self.links)
-        )
+        n = _SPAN_BYTES + len(self.name) + _values_bytes(self.attributes)
+        for e in self.events:
+            n += _ITEM_BYTES + len(e.name) + _values_bytes(e.attributes)
+        for link in self.links:
+            n += _ITEM_BYTES + _values_bytes(link.attributes)
+        return n
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Positional, not copyreg's slot-by-slot state: a large span crosses to a worker as a
@@ -153,7 +152,14 @@ _ITEM_BYTES = 32
 
 
 def _values_bytes(attributes: Attributes) -> int:
-    return sum(len(v) if isinstance(v, (str, bytes)) else 8 for _, v in attributes)
+    # A loop, not sum() over a generator: a quarter of the cost, on the loop, once per span.
+    n = 0
+    for _, v in attributes:
+        n += len(v) if isinstance(v, _TEXT) else 8
+    return n
+
+
+_TEXT = (str, bytes)
 
 
 @dataclasses.dataclass

@@ -1,8 +1,11 @@
 """The local store's exporter (no endpoint configured): spans go into SQLite as the rows the
 collector would have made of them, with no OTLP encoding, compression or decoding between.
 
-    encode:  to_wire(span) -> DecodedSpan          on the flusher's loop, in ~0.5 ms slices
-    export:  Store.write(rows)                      in a worker thread; SENT after the commit
+    encode:  to_wire(span) -> WireSpan              on the flusher's loop, in ~0.5 ms slices
+    export:  decoded(wire) -> Store.write(rows)     in a worker thread; SENT after the commit
+
+The loop does only what must happen there (reading the span's values, which the application
+may still hold); the decoded form the store reads is made in the writer's thread.
 
 A store that is locked past its busy timeout, full or read-only answers RETRY, so the flusher
 backs off and tries again, as for a backend that is down.
@@ -32,12 +35,12 @@ __all__ = ["StoreExporter", "decoded"]
 
 
 class Row:
-    """A span as the store reads it, and what it weighs in a batch."""
+    """A span on its way to the store, and what it weighs in a batch."""
 
-    __slots__ = ("nbytes", "span")
+    __slots__ = ("nbytes", "wire")
 
-    def __init__(self, span: DecodedSpan, nbytes: int) -> None:
-        self.span = span
+    def __init__(self, wire: WireSpan, nbytes: int) -> None:
+        self.wire = wire
         self.nbytes = nbytes
 
     def __len__(self) -> int:
@@ -85,7 +88,7 @@ class StoreExporter:
     def _row(self, wire: WireSpan) -> Row:
         # Weighed from the wire shape just made: the estimate made when the span was queued
         # walked the same values once already.
-        return Row(decoded(wire, self._resource, self._scope), wire.weight())
+        return Row(wire, wire.weight())
 
     def session(self) -> _Session:
         return _Session(self)
@@ -124,18 +127,20 @@ class _Session:
                 )
             return self._store
 
-    def _write(self, spans: list[DecodedSpan]) -> Outcome:
+    def _write(self, wires: list[WireSpan]) -> Outcome:
         from .._store import StoreError
 
+        exporter = self._exporter
+        resource, scope = exporter._resource, exporter._scope
         try:
-            self.store.write(spans)
+            self.store.write([decoded(w, resource, scope) for w in wires])
         except (sqlite3.OperationalError, StoreError) as exc:
             # Locked past the busy timeout, disk full, read-only: worth retrying later.
             return Outcome(Verdict.RETRY, "local store unavailable", str(exc))
         return SENT
 
     async def export(self, chunks: Sequence[Sized]) -> Outcome:
-        rows = [c.span for c in chunks if isinstance(c, Row)]
+        rows = [c.wire for c in chunks if isinstance(c, Row)]
         # off_loop writes inline when no thread can start any more (interpreter exit: Python
         # 3.12 refuses new threads before the exit flush runs).
         return await off_loop(self._write, rows)
