@@ -7,7 +7,11 @@ call to the end of the flush, each minus the same loop without tracing.
 
 The same program sending over OTLP/HTTP to a local server in a child process (``otlp``, its
 CPU not counted) is the row to compare with: what the store costs per span against the OTLP
-path.
+path. That server only answers; the row ``otlp+serve`` sends to ``looptrace serve`` in a child
+process instead, which stores the same spans in its own SQLite store, and counts that
+process's CPU for the run too (Unix: from its resource usage once it exits). It is the same
+work as the local store's, done by a collector: what keeping the spans costs on this machine
+either way.
 
 Old commit against new, in one run: ``--compare OLD_SRC NEW_SRC`` runs each measurement in a
 child process with that ``src`` directory first on the path, alternating, and prints medians.
@@ -99,6 +103,60 @@ def _child(src: str, n: int, traced: bool, endpoint: str | None = None) -> tuple
     return cpu, wall
 
 
+def _serve(src: str, store: Path) -> tuple[subprocess.Popen[str], int]:
+    """``looptrace serve`` on ``store`` in a child process, and the port it listens on."""
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "looptrace", "--store", str(store), *_SERVE_ARGS],
+        env={**os.environ, "PYTHONPATH": src},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert serve.stderr is not None
+    line = serve.stderr.readline()
+    return serve, int(line.split("http://localhost:")[1].split()[0])
+
+
+_SERVE_ARGS = ("serve", "--port", "0", "--no-viewer")
+
+
+def _stop(serve: subprocess.Popen[str]) -> float:
+    """Stop ``serve``; its CPU from start to exit (Unix: its resource usage)."""
+    serve.terminate()
+    _, _, usage = os.wait4(serve.pid, 0)  # type: ignore[attr-defined]
+    serve.returncode = 0
+    return float(usage.ru_utime + usage.ru_stime)
+
+
+def _through_serve(src: str, n: int) -> tuple[float, float]:
+    """The OTLP row into ``looptrace serve`` (a child process on a fresh store): the client's
+    CPU plus the collector's over the run, and the client's wall time. The collector has
+    stored every span before the client's flush returns (it answers after the commit)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        serve, port = _serve(src, Path(tmp) / "s.db")
+        try:
+            cpu, wall = _child(src, n, True, f"http://127.0.0.1:{port}/v1/traces")
+        finally:
+            serve_cpu = _stop(serve)
+    # Its startup (interpreter, imports, opening the store) is not the spans' cost: measured
+    # alone by _serve_idle_cpu and taken off.
+    return cpu + serve_cpu - _serve_idle_cpu(src), wall
+
+
+_IDLE: dict[str, float] = {}
+
+
+def _serve_idle_cpu(src: str) -> float:
+    """``looptrace serve``'s CPU from start to stop with nothing sent (median of 3)."""
+    if src not in _IDLE:
+        samples = []
+        for _ in range(3):
+            with tempfile.TemporaryDirectory() as tmp:
+                serve, _ = _serve(src, Path(tmp) / "s.db")
+                samples.append(_stop(serve))
+        _IDLE[src] = statistics.median(samples)
+    return _IDLE[src]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=20_000)
@@ -140,16 +198,20 @@ def main() -> None:
     sources = (
         {"old": args.compare[0], "new": args.compare[1]} if args.compare else {"looptrace": here}
     )
-    rows: dict[str, list[tuple[float, float]]] = {name: [] for name in ("none", *sources, "otlp")}
+    names = ("none", *sources, "otlp") + (() if args.compare else ("otlp+serve",))
+    rows: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from otlp_server import OtlpServerProcess
 
+    first = next(iter(sources.values()))
     with OtlpServerProcess(defer_decode=True) as server:
         for _ in range(args.rounds):
-            rows["none"].append(_child(next(iter(sources.values())), args.n, traced=False))
+            rows["none"].append(_child(first, args.n, traced=False))
             for name, src in sources.items():
                 rows[name].append(_child(src, args.n, traced=True))
-            rows["otlp"].append(_child(next(iter(sources.values())), args.n, True, server.endpoint))
+            rows["otlp"].append(_child(first, args.n, True, server.endpoint))
+            if "otlp+serve" in rows:
+                rows["otlp+serve"].append(_through_serve(first, args.n))
     base_cpu = statistics.median(c for c, _ in rows["none"])
     base_wall = statistics.median(w for _, w in rows["none"])
     print(f"{args.n} traced calls into the local store, medians of {args.rounds} rounds")
