@@ -865,6 +865,60 @@ def test_secret_keys_are_masked_at_any_depth() -> None:
     assert _serialize.stats["redactions"] == 4
 
 
+def test_flat_arguments_are_judged_by_their_keys_and_masked_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A traced call's arguments and result are most often a few scalars by name: their keys
+    settle whether the JSON can hold a secret, so its text is not scanned, and what is written
+    is what the scan would have written, secret keys masked."""
+    from looptrace._serialize.walk import _dumps, flat_clean
+
+    pol = fresh_policy()
+    words = ["question", "i", "user", "max_tokens", "password", "api_key", "Authorization", "n"]
+
+    @settings(max_examples=200, deadline=None)
+    @given(
+        st.dictionaries(
+            st.sampled_from(words),
+            st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.text(max_size=5)),
+            max_size=6,
+        )
+    )
+    def same(value: dict[str, Any]) -> None:
+        assert _dumps(value, pol, flat_clean(value, pol)) == _dumps(value, pol)
+        assert flat_clean(value, pol) == (not any(pol.is_secret(k) for k in value))
+
+    same()
+    # Nested values, other key types, many keys and values of other types are left to the scan.
+    assert not flat_clean({"q": {"api_key": "k"}}, pol)
+    assert not flat_clean({"q": ["a"]}, pol)
+    assert not flat_clean({1: "a"}, pol)
+    assert not flat_clean({f"k{i}": i for i in range(65)}, pol)
+    assert not flat_clean({"when": datetime.date(2026, 1, 1)}, pol)
+    assert flat_clean("just text", pol)
+
+    scans: list[bytes] = []
+    real = _serialize.Policy.maybe_secret
+    monkeypatch.setattr(
+        _serialize.Policy, "maybe_secret", lambda self, out: scans.append(out) or real(self, out)
+    )
+
+    @looptrace.traced
+    def ask(question: str, i: int, password: str = "") -> dict[str, int]:
+        return {"answer": 4, "i": i}
+
+    with capture_spans() as spans:
+        ask("what is 2+2?", 1)
+        ask("what is 2+2?", 2, password="hunter2")
+    clean = dict(to_wire(spans[0], CFG).attributes)
+    masked = dict(to_wire(spans[1], CFG).attributes)
+    assert json.loads(str(clean[INPUT_VALUE])) == {"question": "what is 2+2?", "i": 1}
+    assert json.loads(str(masked[INPUT_VALUE]))["password"] == REDACTED
+    assert json.loads(str(masked[OUTPUT_VALUE])) == {"answer": 4, "i": 2}
+    # Only the arguments holding a secret key were scanned.
+    assert scans == [b'{"question":"what is 2+2?","i":2,"password":"hunter2"}']
+
+
 def test_secret_fields_of_models_are_masked() -> None:
     """Field names of models and dataclasses count as keys."""
 

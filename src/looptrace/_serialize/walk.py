@@ -195,6 +195,28 @@ def _dumps(value: Any, pol: Policy, keys_clean: bool = False) -> bytes:
     return _redacted(value, pol, out)
 
 
+# The values that cannot hold a key, by exact type (a subclass may serialize otherwise).
+_FLAT = frozenset((str, int, float, bool, type(None)))
+# Past this many keys the values' loop would run long on the caller's loop in one piece; the
+# scan of the JSON, in C and in steps, decides instead.
+_FLAT_MAX_KEYS = 64
+
+
+def flat_clean(value: Any, pol: Policy) -> bool:
+    """Whether ``value``'s JSON is known to hold no secret key without reading it: a scalar,
+    or a dict of at most a few dozen scalars whose keys are all strings the redaction rule
+    passes (a traced function's arguments, most often). The ``keys_clean`` of :func:`_dumps`
+    and :func:`dumps_or_steps` for a value no planning walk has seen; False when unsure."""
+    cls = type(value)
+    if cls is dict:
+        if len(value) > _FLAT_MAX_KEYS or not (
+            value.keys() <= pol._plain_keys or pol.plain_keys(value)
+        ):
+            return False
+        return _FLAT.issuperset(map(type, value.values()))
+    return cls in _FLAT
+
+
 def dumps_or_steps(
     value: Any, pol: Policy, keys_clean: bool = False, step_bytes: int = STEP_BYTES
 ) -> bytes | Generator[None, None, bytes]:
