@@ -206,7 +206,10 @@ def flat_clean(value: Any, pol: Policy) -> bool:
     """Whether ``value``'s JSON is known to hold no secret key without reading it: a scalar,
     or a dict of at most a few dozen scalars whose keys are all strings the redaction rule
     passes (a traced function's arguments, most often). The ``keys_clean`` of :func:`_dumps`
-    and :func:`dumps_or_steps` for a value no planning walk has seen; False when unsure."""
+    and :func:`dumps_or_steps` for a value no planning walk has seen; False when unsure, and
+    when nothing is redacted (nothing is scanned then either)."""
+    if not pol.redact:
+        return False
     cls = type(value)
     if cls is dict:
         if len(value) > _FLAT_MAX_KEYS or not (
