@@ -343,6 +343,35 @@ def test_hooked_and_json_spans_take_the_general_routes_steps() -> None:
         assert (yields > 2) is long
 
 
+def test_property_own_attributes_from_cached_pieces_match_the_general_route() -> None:
+    """Hypothesis: a span's own attributes (a model, an operation, token counts, a secret key,
+    long values) give the general route's bytes, in the span's order, whether a value was met
+    before (its encoded piece reused) or not, under the default value cap and a small one."""
+    keys = st.sampled_from(
+        ["gen_ai.request.model", "gen_ai.operation.name", "api_key", "note", "n", "Authorization"]
+    )
+    values = (
+        st.sampled_from(["gpt-4o", "chat", "x" * 40, "y" * 200, "é☃", "<redacted>"])
+        | st.integers(0, 3)
+        | st.booleans()
+    )
+    # Without redaction every value's piece is cached, secret keys' included: a policy that
+    # redacts must not reuse those.
+    configs = [CFG, CFG.replace(max_value_bytes=16), CFG.replace(redact=False)]
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.dictionaries(keys, values, max_size=6), st.sampled_from(configs))
+    def check(attributes: dict[str, Any], cfg: Config) -> None:
+        for _ in range(2):  # the second time, every short value has been met before
+            span = make_span(attributes=dict(attributes), inputs={"q": "hi"})
+            assert direct(span, cfg) == general(span, cfg)
+            if cfg.redact:
+                secrets = [k for k in attributes if _serialize.policy(cfg).is_secret(k)]
+                assert all(decoded(direct(span, cfg))[k] == REDACTED for k in secrets)
+
+    check()
+
+
 def test_property_direct_route_matches_and_never_leaks_a_secret() -> None:
     """Hypothesis: for arbitrary nested inputs, the direct route gives the general route's
     bytes, and every value under a secret key reaches the wire redacted."""

@@ -43,7 +43,9 @@ from .._semconv import (
     OUTPUT_VALUE,
 )
 from .._wire import AttrValue, WireSpan
+from .pb import _ATTR_CACHE as _PIECES
 from .pb import (
+    _SHORT,
     MIME_PIECE,
     payload_attributes,
     span_attributes,
@@ -153,6 +155,7 @@ class SpanEncoder:
     __slots__ = (
         "_blocks",
         "_shared",
+        "_short",
         "cfg",
         "encoding",
         "global_hooks",
@@ -170,6 +173,8 @@ class SpanEncoder:
         self.max_span_bytes = cfg.max_span_bytes
         self._blocks: dict[CallSite, _SiteBlock] = {}
         self._shared: dict[ContextAttributes, _SharedBlock] = {}
+        # The longest string an attribute's cached piece can hold, unchanged by the value cap.
+        self._short = min(_SHORT - 1, self.pol.max_value_bytes) if self.pol.redact else -1
 
     def plan(self, span: Span) -> int:
         """One bounded walk over a span's values, deciding how it is serialized.
@@ -300,6 +305,40 @@ class SpanEncoder:
             self.encoding == "protobuf" and bool(span.end_ns) and not span.events and not span.links
         )
 
+    def _own_attributes(self, attributes: dict[str, Any], parts: list[bytes], clean: bool) -> int:
+        """A span's own attributes appended to ``parts``; the length of their string values.
+        A short string under a key the redaction rule has passed, met before with the same
+        value (a model, an operation, an agent's name), is its encoded piece from the
+        encoder's cache, with no conversion; the rest are converted as the general route
+        does, in order. The plan's walk saw the values' keys too: ``clean`` covers their JSON."""
+        pol = self.pol
+        known = pol._key_cache
+        cache = _PIECES
+        limit = self._short
+        text = 0
+        rest: dict[str, Any] | None = None
+        for k, v in attributes.items():
+            if type(v) is str and len(v) <= limit and known.get(k) is False:
+                piece = cache.get((k, v))
+                if piece is not None:
+                    if rest:
+                        converted: dict[str, AttrValue] = {}
+                        _serialize.attributes_into(rest, pol, converted, clean)
+                        text += _span_attributes(converted.items(), parts)
+                        rest = None
+                    parts.append(piece)
+                    text += len(v)
+                    continue
+            if rest is None:
+                rest = {k: v}
+            else:
+                rest[k] = v
+        if rest:
+            converted = {}
+            _serialize.attributes_into(rest, pol, converted, clean)
+            text += _span_attributes(converted.items(), parts)
+        return text
+
     def _encode_pb(
         self, span: Span, flags: int, bodies: tuple[bytes, bytes] | None = None
     ) -> bytes | None:
@@ -337,10 +376,7 @@ class SpanEncoder:
                 # The span overrides one of its decorator's (or its block's) attributes, in
                 # that attribute's place: the general route keeps that order.
                 return None
-            own: dict[str, AttrValue] = {}
-            # The plan's walk saw the values' keys too: CLEAN covers their JSON.
-            _serialize.attributes_into(attributes, pol, own, flags & CLEAN != 0)
-            text_len += _span_attributes(own.items(), parts)
+            text_len += self._own_attributes(attributes, parts, flags & CLEAN != 0)
         if (
             span.scope is None
             and (not attributes or OPENINFERENCE_SPAN_KIND not in attributes)
