@@ -32,7 +32,7 @@ from .._wire import Attributes, AttrValue, WireEvent, WireLink, WireSpan
 from ._common import _CACHE_MAX, _INT64_MIN, _STACKTRACE_MAX, REDACTED, logger, stats
 from .convert import _cut_str, _qualified_type, _safe_str, placeholder
 from .policy import Policy, policy
-from .walk import _big_int, _dumps, _preview, dumps_or_steps, flat_clean
+from .walk import _big_int, _dumps, _preview, dumps_or_steps
 
 if TYPE_CHECKING:
     from .._config import Config
@@ -320,8 +320,8 @@ def finish_payloads(
     payloads: list[tuple[str, str, bytes]] = []
     if bodies is None:
         bodies = (
-            _dumps(inputs[1], pol, flat_clean(inputs[1], pol)) if inputs[0] else b"",
-            _dumps(output[1], pol, flat_clean(output[1], pol)) if output[0] else b"",
+            _dumps(inputs[1], pol) if inputs[0] else b"",
+            _dumps(output[1], pol) if output[0] else b"",
         )
     if inputs[0]:
         payloads.append((INPUT_VALUE, INPUT_MIME_TYPE, bodies[0]))
@@ -382,10 +382,10 @@ def to_wire_or_steps(span: Span, cfg: Config) -> WireSpan | Generator[None, None
     try:
         prepared = prepare(span, cfg)
         _, inputs, output, pol, _ = prepared
-        body_in = dumps_or_steps(inputs[1], pol, flat_clean(inputs[1], pol)) if inputs[0] else b""
+        body_in = dumps_or_steps(inputs[1], pol) if inputs[0] else b""
         if not isinstance(body_in, bytes):
             return _wire_in_steps(span, prepared, body_in, None)  # the output after its steps
-        body_out = dumps_or_steps(output[1], pol, flat_clean(output[1], pol)) if output[0] else b""
+        body_out = dumps_or_steps(output[1], pol) if output[0] else b""
         if not isinstance(body_out, bytes):
             return _wire_in_steps(span, prepared, body_in, body_out)
         return finish(*prepared, (body_in, body_out))
@@ -406,9 +406,7 @@ def _wire_in_steps(
         if not isinstance(body_in, bytes):
             body_in = yield from body_in
         if body_out is None:
-            body_out = (
-                dumps_or_steps(output[1], pol, flat_clean(output[1], pol)) if output[0] else b""
-            )
+            body_out = dumps_or_steps(output[1], pol) if output[0] else b""
         if not isinstance(body_out, bytes):
             body_out = yield from body_out
         return finish(*prepared, (body_in, body_out))

@@ -186,11 +186,12 @@ def _dumps(value: Any, pol: Policy, keys_clean: bool = False) -> bytes:
     """JSON bytes for ``value`` under ``pol``; never raises, never exceeds the value cap.
 
     ``keys_clean``: a walk of ``value`` already showed it holds no secret key (see
-    :func:`plan`), so the output is not scanned for one (and every key is a str)."""
+    :func:`plan`), so the output is not scanned for one (and every key is a str). A flat
+    value's keys settle it without a walk (:func:`flat_clean`)."""
     out = _fast(value, pol, keys_clean)
     if out is None or len(out) > pol.max_value_bytes:
         return _careful(value, pol, out)
-    if keys_clean or not (pol.redact and pol.maybe_secret(out)):
+    if keys_clean or not pol.redact or flat_clean(value, pol) or not pol.maybe_secret(out):
         return out
     return _redacted(value, pol, out)
 
@@ -205,11 +206,9 @@ _FLAT_MAX_KEYS = 64
 def flat_clean(value: Any, pol: Policy) -> bool:
     """Whether ``value``'s JSON is known to hold no secret key without reading it: a scalar,
     or a dict of at most a few dozen scalars whose keys are all strings the redaction rule
-    passes (a traced function's arguments, most often). The ``keys_clean`` of :func:`_dumps`
-    and :func:`dumps_or_steps` for a value no planning walk has seen; False when unsure, and
-    when nothing is redacted (nothing is scanned then either)."""
-    if not pol.redact:
-        return False
+    passes (a traced function's arguments, most often): what :func:`_dumps` and
+    :func:`dumps_or_steps` check before scanning the JSON of a value no planning walk has
+    seen. False when unsure."""
     cls = type(value)
     if cls is dict:
         if len(value) > _FLAT_MAX_KEYS or not (
@@ -230,7 +229,7 @@ def dumps_or_steps(
     out = _fast(value, pol, keys_clean)
     if out is None or len(out) > pol.max_value_bytes:
         return _careful(value, pol, out)
-    if keys_clean or not pol.redact:
+    if keys_clean or not pol.redact or flat_clean(value, pol):
         return out
     if len(out) >= _STEP_FROM_BYTES:
         return _scanned_in_steps(value, pol, out, step_bytes)
