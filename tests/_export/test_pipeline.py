@@ -160,6 +160,35 @@ async def test_batches_split_by_bytes(server: OtlpTestServer) -> None:
         assert len(r.body) < 8_000 + 1_000
 
 
+async def test_large_payloads_inside_a_request_go_out_as_they_come(
+    server: OtlpTestServer,
+) -> None:
+    """A traced call's image sits inside its request dict, where the buffer's quick estimate
+    (top-level values only) cannot see it. Once one such span has been encoded, the next ones
+    of the same function weigh what it weighed: a batch's worth of them wakes the flusher, and
+    they are sent long before the flush interval, not an interval's worth at a time."""
+    use(server, flush_interval=60.0, max_batch_bytes=2 * 1024 * 1024, compression="none")
+    image = "data:image/png;base64," + "QUJD" * 375_000  # 1.5 MB
+
+    @looptrace.traced
+    def describe(request: dict[str, Any]) -> str:
+        return "a red bicycle"
+
+    def call() -> None:
+        describe({"messages": [{"role": "user", "content": [{"image_url": {"url": image}}]}]})
+
+    call()
+    assert (await looptrace.flush(10)).ok  # the first one is weighed as it is encoded
+    for _ in range(4):
+        call()
+    deadline = asyncio.get_running_loop().time() + 20
+    while server.accepted_span_count < 5:
+        assert asyncio.get_running_loop().time() < deadline, "held for the flush interval"
+        await asyncio.sleep(0.01)
+    assert looptrace.statistics().queued_spans == 0
+    assert all(len(r.spans) == 1 for r in server.requests)  # 1.5 MB each, 2 MiB a request
+
+
 async def test_flush_waits_only_for_spans_ended_before_it(server: OtlpTestServer) -> None:
     """flush() resolves once the spans ended before the call are sent, even if newer spans are
     stuck behind a held server; its pending count covers only the awaited spans."""

@@ -1067,6 +1067,30 @@ def test_estimate_size_counts_top_level_text_only() -> None:
     assert estimate_size(span) < base + 1_000
 
 
+def test_estimate_takes_the_encoded_size_of_the_last_large_span_of_a_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A nested image is invisible to the top-level look; once a span of that name has been
+    encoded large, the next ones weigh as much until one of them comes out small. Names are
+    kept within a bound."""
+    from looptrace._serialize import learn_sizes, sizing
+
+    monkeypatch.setattr(sizing, "_large", {})
+    monkeypatch.setattr(sizing, "_MAX_NAMES", 2)
+    span = Span("describe", 1, 2, 0, 10)
+    span.inputs = {"request": {"image": "x" * 2_000_000}}
+    blind = estimate_size(span)
+    assert blind < 1_000
+    learn_sizes([span], [b"e" * 2_000_100])
+    assert estimate_size(span) == 2_000_100
+    assert estimate_size(Span("other", 1, 3, 0, 10)) < 1_000
+    learn_sizes([span], [b"e" * 900])  # this call's request was small: forgotten
+    assert estimate_size(span) == blind
+    learn_sizes([span], [b"e" * 100_000])
+    learn_sizes([Span(n, 1, 4, 0, 10) for n in ("a", "b")], [b"e" * 100_000] * 2)
+    assert len(sizing._large) <= 2
+
+
 def test_remote_parent_flag_reaches_the_wire() -> None:
     """The local root of a distributed trace says its parent is remote (OTLP span flags);
     an ordinary child does not."""

@@ -221,6 +221,12 @@ class Buffer:
             self._rearm_thresholds()
             return bool(self._q) or bool(self._retry)
 
+    def batch_pending(self) -> bool:
+        """Whether a batch's worth (by count or by estimated bytes) is pending now."""
+        return (
+            len(self._q) >= self.batch_spans or self._in_bytes - self._out_bytes >= self.batch_bytes
+        )
+
     def force_slow_path(self) -> None:
         """Make the next push take the slow path (no flusher is running)."""
         with self._lock:

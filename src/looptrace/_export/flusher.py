@@ -57,6 +57,10 @@ LoopHook = Callable[["Config", asyncio.AbstractEventLoop], None]
 ON_LOOP_END: list[LoopHook] = []
 
 
+def _unlearned(spans: Sequence[Span], chunks: Sequence[Sized | None]) -> None:
+    """Until the codec is loaded there is no estimate to teach."""
+
+
 class Flusher:
     """One buffer, the flushers (:class:`~.homes.Homes`) that drain it, and the exporter they
     hand batches to. Made by a :class:`~.pipeline.Pipeline`, which owns the lifecycle and
@@ -79,6 +83,7 @@ class Flusher:
         self.drops = DropLog()
         self.quiet = False  # the exit reports what was lost in one line of its own
         self.codec_loaded = False
+        self._learn_sizes: Callable[[Sequence[Span], Sequence[Sized | None]], None] = _unlearned
         # Until the codec is loaded (in a worker thread, by the first drain: importing it on the
         # caller's first span would stall it) spans are estimated at a fixed size.
         self.buffer = Buffer(
@@ -117,6 +122,10 @@ class Flusher:
             # first batch gathers.
             await off_loop(self.exporter.load)
         self.buffer.use_estimate(self.exporter.estimate)
+        # Loaded with the codec, never at import: the estimate's record of large spans.
+        from .._serialize import learn_sizes
+
+        self._learn_sizes = learn_sizes
         self.codec_loaded = True
 
     # ------------------------------------------------------------------ homes
@@ -228,7 +237,12 @@ class Flusher:
                     await event.wait()
                 event.clear()
                 if not home.urgent:
-                    await wait_event(event, self._until_retry(interval))  # let a batch gather
+                    # Let a batch gather, for an interval or until a batch's worth (by count
+                    # or by bytes) is pending, whichever comes first: large spans go out as
+                    # they come, not an interval's worth at a time.
+                    self.buffer.arm()
+                    if not self.buffer.batch_pending():
+                        await wait_event(event, self._until_retry(interval))
             else:
                 timeout = interval
                 if tracking and self.roots:
@@ -339,7 +353,7 @@ class Flusher:
             # and counted as sent.
             batch.spans = spans
             raise
-        return self._encoded(batch, chunks)
+        return self._encoded(batch, spans, chunks)
 
     async def _encode_begun(
         self, batch: Batch
@@ -357,13 +371,13 @@ class Flusher:
         chunks, rest = await begin(spans)
         if rest is None:
             batch.spans = None
-            return self._encoded(batch, chunks)
+            return self._encoded(batch, spans, chunks)
 
         async def finish() -> list[Batch]:
             assert rest is not None
             await rest()
             batch.spans = None
-            return self._encoded(batch, chunks)
+            return self._encoded(batch, spans, chunks)
 
         return finish
 
@@ -402,7 +416,12 @@ class Flusher:
                 await home.slots.acquire()
             await self._send(home, piece)
 
-    def _encoded(self, batch: Batch, chunks: list[Sized | None]) -> list[Batch]:
+    def _encoded(
+        self, batch: Batch, spans: Sequence[Span], chunks: list[Sized | None]
+    ) -> list[Batch]:
+        # What the spans weighed once encoded is the buffer's estimate for the next spans of
+        # their names, where a top-level look at their values saw less.
+        self._learn_sizes(spans, chunks)
         lost = sum(1 for c in chunks if c is None)
         if lost:
             self.buffer.count_drop("rejected", lost)

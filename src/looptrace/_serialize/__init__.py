@@ -23,7 +23,7 @@ from __future__ import annotations
 from ._common import REDACTED, TRUNCATED_KEY, counted, logger, stats
 from .convert import placeholder
 from .policy import Policy, has_policy, policy
-from .sizing import estimate_size, leaf_size
+from .sizing import estimate_size, leaf_size, learn_sizes
 from .spans import _attributes as attributes_into
 from .spans import _code_attributes as code_attributes
 from .spans import _context_attributes as context_attributes
@@ -55,6 +55,7 @@ __all__ = [
     "finish_payloads",
     "has_policy",
     "leaf_size",
+    "learn_sizes",
     "logger",
     "payloads",
     "placeholder",
