@@ -104,7 +104,7 @@ class Config:
     process_inputs: Callable[[Any], Any] | None = None
     process_outputs: Callable[[Any], Any] | None = None
     offload: bool = True
-    offload_threshold_bytes: int = 256 * 1024
+    offload_threshold_bytes: int = 4 * 1024 * 1024
     # -- export --
     endpoint: str | None = None
     headers: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)

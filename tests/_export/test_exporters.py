@@ -354,6 +354,40 @@ async def test_large_spans_handed_to_workers_are_prepared_in_time_slices(
     assert turns.count >= 19 * 3
 
 
+@pytest.mark.parametrize("offload", [True, False])
+async def test_an_image_no_worker_takes_is_written_in_steps(
+    offload: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chat request carrying a 2.5 MB image, under the size from which a worker takes it (or
+    with offload off), is written on the loop in steps, the application's other tasks run in
+    between: orjson's pass, the scan for secret keys, the masking and the message each held the
+    loop for about a millisecond, where in one step they held it for two to four. The bytes
+    are those written in one go, with the credential masked."""
+    monkeypatch.setattr(_export.exporter, "SLICE_SECONDS", 0.0)
+    cfg = looptrace.Config.from_env(endpoint="http://127.0.0.1:9/v1/traces", offload=offload)
+    span = Span("describe", 0x77, 0x6, 0, NOW)
+    span.end_ns = NOW + 10
+    span.inputs = {
+        "messages": [
+            {"role": "user", "content": [{"image_url": {"url": "QUJD" * 625_000}}]},
+        ],
+        "headers": {"Authorization": "Bearer sk-live-0123"},
+    }
+    exporter = OtlpHttpExporter(cfg)
+    exporter.load()
+    try:
+        async with LoopTurns() as turns:
+            (chunk,) = await exporter.encode([span])
+        assert exporter.offload_statistics().offloaded == 0
+    finally:
+        exporter.shutdown()
+    # The JSON, the scan, the masking, the message: three pauses of three turns between them.
+    assert turns.count >= 3 * 3
+    assert isinstance(chunk, bytes)
+    assert chunk == exporter.span_encoder.encode(span, exporter.span_encoder.plan(span))
+    assert b"sk-live-0123" not in chunk and b"QUJDQUJD" in chunk
+
+
 @pytest.mark.parametrize(
     "kind", ["otlp-protobuf", "otlp-json", "otlp-hooked", "otlp-events", "store", "memory"]
 )

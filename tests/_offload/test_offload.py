@@ -441,6 +441,7 @@ def test_traced_unguarded_script_under_each_start_method(tmp_path: Path, method:
     with OtlpTestServer() as server:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOPTRACE_", "OTEL_"))}
         env["LOOPTRACE_ENDPOINT"] = server.endpoint
+        env["LOOPTRACE_OFFLOAD_THRESHOLD_BYTES"] = os.environ["LOOPTRACE_OFFLOAD_THRESHOLD_BYTES"]
         done = subprocess.run(
             [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
         )

@@ -26,6 +26,7 @@ from looptrace._transport import RetryPolicy
 from looptrace._transport.settings import HttpSettings
 from otlp_server import OtlpTestServer
 from pipeline_support import checked_server, install_pipeline
+from steps_support import LoopTurns
 
 CFG = Config()
 IMAGE = "QUJD" * 100_000  # 400 KB of base64: sent raw, after the pickle
@@ -255,6 +256,51 @@ def test_compression_setting_refuses_an_unknown_name(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("LOOPTRACE_COMPRESSION", "brotli")
     with pytest.raises(looptrace.ConfigurationError, match="auto, gzip, zstd or none"):
         looptrace.Config.from_env()
+
+
+async def test_a_large_span_queues_behind_a_bounded_share_of_the_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bytes of large spans handed over and not answered yet count against a bound per
+    worker: past it, has_room() says no until the workers answer. A worker with nothing
+    queued always has room, whatever the span's size."""
+    from looptrace._offload import parent
+
+    monkeypatch.setattr(parent, "QUEUED_BYTES_PER_WORKER", 500_000)
+    off = Offloader(workers=1)
+    try:
+        await off.ready()
+        assert off.has_room()
+        first = off.submit(big_span(span_id=40), CFG, "protobuf")  # 570 KB handed over
+        assert not off.has_room()
+        assert await first == inline(big_span(span_id=40))
+        assert off.has_room()
+    finally:
+        off.shutdown()
+
+
+async def test_a_large_span_no_worker_has_room_for_is_written_here_in_steps(
+    server: OtlpTestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the workers hold their share, a large span is serialized in the application's
+    process, in steps, rather than queued behind the others (whose delivery it would wait
+    for): the same bytes, counted as ``workers_busy``."""
+    from looptrace._export.otlp_http import OtlpHttpExporter
+
+    monkeypatch.setattr(Offloader, "has_room", lambda self: False)
+    monkeypatch.setattr(_export.exporter, "SLICE_SECONDS", 0.0)
+    cfg = looptrace.Config.from_env(endpoint=server.endpoint)
+    exporter = OtlpHttpExporter(cfg)
+    exporter.load()
+    try:
+        async with LoopTurns() as turns:
+            (chunk,) = await exporter.encode([big_span(span_id=41)])
+        stats = exporter.offload_statistics()
+    finally:
+        exporter.shutdown()
+    assert turns.count >= 3
+    assert stats.offloaded == 0 and stats.fallbacks["workers_busy"] == 1
+    assert chunk == inline(big_span(span_id=41))
 
 
 # --------------------------------------------------------------------------- the pipeline

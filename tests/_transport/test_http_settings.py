@@ -21,7 +21,14 @@ from otlp_server import OtlpTestServer
 # TLS, client certificates and proxies under asyncio, its debug mode and uvloop.
 pytestmark = pytest.mark.usefixtures("loop_kind")
 
-LARGE = "QUJD" * 200_000  # over the offload threshold: a worker serializes and encodes it
+LARGE = "QUJD" * 200_000  # over the threshold set below: a worker serializes and encodes it
+
+
+@pytest.fixture(autouse=True)
+def _a_worker_takes_the_large_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workers' side of each setting is what these tests check; by default a worker takes
+    only payloads from 4 MiB."""
+    monkeypatch.setenv("LOOPTRACE_OFFLOAD_THRESHOLD_BYTES", str(256 * 1024))
 
 
 @looptrace.traced

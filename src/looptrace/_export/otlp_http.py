@@ -113,17 +113,22 @@ class OtlpHttpExporter:
             for i, span in enumerate(spans):
                 try:
                     flags = encoder.plan(span)
-                    if flags & OFFLOAD and offloader is not None:
+                    if flags & OFFLOAD and offloader is not None and offloader.has_room():
                         await self._ready_to_offload(offloader, slices)
                         # The hooks run here, inside the time slice, so a drain of many large
                         # spans yields between them; the handoff (pickling) is a step of its own,
                         # started now, so that the worker begins while the rest is encoded.
                         handoff = offloader.submit(span, self.cfg, self.cfg.encoding)
                         offloaded.append((i, span, asyncio.ensure_future(handoff)))
-                    elif flags & (LARGE | HOOKED):
-                        # Many containers (or a hook's value, which the walk has not seen):
-                        # orjson's pass and the key scan after it are steps of their own when the
-                        # JSON is long, each judged against the slice like a span.
+                    elif flags & (LARGE | HOOKED | OFFLOAD):
+                        # Many containers, a hook's value (which the walk has not seen), or
+                        # large strings no worker takes (offload off, or each worker already
+                        # has spans queued: one more would wait behind them, and so would its
+                        # delivery): orjson's pass, the key scan, the masking and the
+                        # encoding are steps of their own when the JSON is long, each judged
+                        # against the slice like a span.
+                        if flags & OFFLOAD and offloader is not None:
+                            offloader.stats["workers_busy"] += 1
                         chunks[i] = await slices.run(encoder.steps(span, flags))
                     else:
                         chunks[i] = encoder.encode(span, flags)

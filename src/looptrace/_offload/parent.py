@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import os
 import threading
 from collections import Counter
@@ -45,9 +46,16 @@ FALLBACKS = (
     "pool_retired",
     "unavailable",
     "shutdown",
+    "workers_busy",
 )
 
 _START_TIMEOUT = 60.0
+# The raw strings and bytes of large spans handed over and not answered yet, per worker, past
+# which the next large span is serialized in the application's process (in steps) instead: the
+# workers run at idle priority and can fall behind a steady stream of images, and a span
+# queued behind others is delivered only once they are done. A worker with nothing queued
+# always takes the span.
+QUEUED_BYTES_PER_WORKER = 16 * 1024 * 1024
 # A str or bytes at least this large travels raw, after the pickle.
 MIN_RAW_BYTES = 64 * 1024
 
@@ -131,6 +139,7 @@ class Offloader:
         self._lock = threading.Lock()
         # The start in progress, shared by every span that needs the pool meanwhile.
         self._starting: asyncio.Task[None] | None = None
+        self._queued_bytes = 0  # raw values handed to the pool, not answered yet
 
     @property
     def state(self) -> PoolState:
@@ -156,6 +165,12 @@ class Offloader:
         if self._state in STARTABLE:
             await self._ensure_pool()
 
+    def has_room(self) -> bool:
+        """Whether a large span handed over now would wait behind less than
+        :data:`QUEUED_BYTES_PER_WORKER` per worker (a pool not running yet has room: the span
+        starts it, or falls back by the usual reasons)."""
+        return self._queued_bytes < QUEUED_BYTES_PER_WORKER * self.workers
+
     def submit(self, span: Span, cfg: Config, encoding: str) -> Awaitable[bytes]:
         """Hand ``span`` to a worker; await the result for its encoded chunk.
 
@@ -166,15 +181,32 @@ class Offloader:
             if self._state in STARTABLE:
                 return self.encode(span, cfg, encoding)  # starts the pool first
             return _done(self._inline(span, cfg, encoding, self._fallback_reason()))
-        return self._work(pool, (*_serialize.prepare(span, cfg), encoding))
+        prepared = (*_serialize.prepare(span, cfg), encoding)
+        # Lifted here, not in the task: a drain hands over several spans before any of their
+        # tasks runs, and the queue is counted from the handoff.
+        lifter = _Lifter()
+        lifted = (
+            (prepared[1][0], lifter.lift(prepared[1][1])),
+            (prepared[2][0], lifter.lift(prepared[2][1])),
+        )
+        size = sum(len(v) for v in lifter.values)
+        work = asyncio.ensure_future(self._work(pool, prepared, lifted, lifter))
+        self._queued_bytes += size
+        work.add_done_callback(functools.partial(self._answered, size))
+        return work
+
+    def _answered(self, size: int, work: asyncio.Future[bytes]) -> None:
+        self._queued_bytes -= size
 
     async def _work(
-        self, pool: _workers.Pool, prepared: tuple[Any, Any, Any, Any, int, str]
+        self,
+        pool: _workers.Pool,
+        prepared: tuple[Any, Any, Any, Any, int, str],
+        lifted: tuple[Any, Any],
+        lifter: _Lifter,
     ) -> bytes:
-        wire, inputs, output, pol, max_span, encoding = prepared
-        lifter = _Lifter()
-        inputs = (inputs[0], lifter.lift(inputs[1]))
-        output = (output[0], lifter.lift(output[1]))
+        wire, _, _, pol, max_span, encoding = prepared
+        inputs, output = lifted
         try:
             future = pool.submit(
                 "work", (wire, inputs, output, pol, max_span, encoding), lifter.values

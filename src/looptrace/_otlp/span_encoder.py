@@ -61,17 +61,25 @@ if TYPE_CHECKING:
 __all__ = ["CLEAN", "HOOKED", "LARGE", "OFFLOAD", "SpanEncoder"]
 
 OFFLOAD = 1
-"""Enough string/bytes payload to serialize in a worker process."""
+"""Enough string/bytes payload (``offload_threshold_bytes``) to serialize in a worker process,
+or, where no worker takes it, in :meth:`SpanEncoder.steps`. Only with ``offload`` on."""
 CLEAN = 2
 """The walk saw every object key the input and output can produce, and none is secret: their
 JSON need not be scanned for secret keys."""
 HOOKED = 4
 """A ``process_inputs``/``process_outputs`` hook applies to this span."""
 LARGE = 8
-"""The walk stopped short of the end of a payload: one with more containers and values than it
-visits, whose JSON may take long enough to write and scan to be worth :meth:`SpanEncoder.steps`."""
+"""Long enough JSON to be worth :meth:`SpanEncoder.steps`: the walk stopped short of the end of
+a payload (more containers and values than it visits), or its strings, bytes and arrays came to
+:data:`_STEPS_FROM_BYTES` or more."""
 
 _WALK_BUDGET = 256
+# String, bytes and array payload from which a span no worker takes is written in steps
+# (:data:`LARGE`): orjson's pass, the key scan, the masking and the message are each about a
+# millisecond or less for a 2.5 MB image, where in one step they held the loop for 2-4 ms.
+_STEPS_FROM_BYTES = 256 * 1024
+# JSON bodies this long make writing the span's message a step of its own in :meth:`steps`.
+_COPY_STEP_BYTES = 256 * 1024
 # What the walk passes over: scalars (no size, no keys) and an unset input or output.
 _SKIP = frozenset((int, float, bool, type(None), type(UNSET)))
 # Leaves whose JSON can never hold an object key (so never a secret one).
@@ -181,7 +189,8 @@ class SpanEncoder:
 
         Visits at most ~256 containers and values. Sums the sizes of strings, bytes and arrays
         (:data:`OFFLOAD` once they pass the offload threshold: structure-heavy values never
-        qualify, they serialize faster inline), and checks the keys of each dict it passes
+        qualify, they serialize faster inline; :data:`LARGE` from a lower size, for
+        :meth:`steps`), and checks the keys of each dict it passes
         against the redaction rule (:data:`CLEAN` when the walk finished, every key was a
         string, none was secret, every leaf was of a kind that cannot hold keys and no user
         hook will change the values). It runs for every span, so scalars and strings are
@@ -196,9 +205,8 @@ class SpanEncoder:
             hooked, clean = 0, True
         pol = self.pol
         threshold = self.threshold
+        steps_from = _STEPS_FROM_BYTES
         check_keys = clean and pol.redact
-        if not check_keys and threshold < 0:
-            return hooked | (CLEAN if clean else 0)
         stack: list[Any] = [span.inputs, span.output]
         if span.attributes:
             # Attribute values count toward the payload size; their top-level keys are not
@@ -255,10 +263,10 @@ class SpanEncoder:
                             clean = check_keys = False
                     if total >= threshold >= 0:
                         return OFFLOAD | hooked
-                if not clean and threshold < 0:
-                    return hooked
         except Exception:
             return hooked
+        if total >= steps_from:
+            hooked |= LARGE
         return hooked | (CLEAN if clean else 0)
 
     @staticmethod
@@ -280,8 +288,8 @@ class SpanEncoder:
         return with_scope(encode_span(_serialize.to_wire(span, self.cfg), self.encoding), span)
 
     def steps(self, span: Span, flags: int) -> Generator[None, None, bytes]:
-        """:meth:`encode` as a generator that returns the chunk, for a :data:`LARGE` or
-        :data:`HOOKED` span: when a payload's JSON is long it yields once orjson has written it
+        """:meth:`encode` as a generator that returns the chunk, for a :data:`LARGE`,
+        :data:`HOOKED` or :data:`OFFLOAD` span that no worker takes: when a payload's JSON is long it yields once orjson has written it
         and between steps of the scan for secret keys, so that the flusher's loop runs other
         tasks in between. A 165 KB structure is then five steps of at most about 0.5 ms instead
         of one of 1-1.5 ms. A span with a hook (which runs once, in the general route) or that
@@ -297,6 +305,10 @@ class SpanEncoder:
             if value is not UNSET:
                 body = _serialize.dumps_or_steps(value, pol, clean)
                 bodies[i] = body if isinstance(body, bytes) else (yield from body)
+        if len(bodies[0]) + len(bodies[1]) >= _COPY_STEP_BYTES:
+            # The message copies the JSON (and the request copies the message): for an image
+            # that is as long as the masking before it, so it is a step of its own.
+            yield
         return self.encode(span, flags, (bodies[0], bodies[1]))
 
     def _direct(self, span: Span) -> bool:
