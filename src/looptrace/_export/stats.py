@@ -26,7 +26,8 @@ class OffloadStatistics:
     ``offloaded`` counts spans a worker serialized (and sent, over OTLP/HTTP); ``fallbacks``
     counts, by reason, large spans serialized in the application's process instead:
     ``unpicklable``, ``worker_error``, ``broken_pool``, ``pool_retired``, ``unavailable``,
-    ``shutdown``. ``workers_alive`` is how many worker processes are running now."""
+    ``shutdown``, ``workers_busy`` (the workers already had their share queued).
+    ``workers_alive`` is how many worker processes are running now."""
 
     offloaded: int = 0
     fallbacks: Mapping[str, int] = dataclasses.field(default_factory=dict)

@@ -289,11 +289,12 @@ class SpanEncoder:
 
     def steps(self, span: Span, flags: int) -> Generator[None, None, bytes]:
         """:meth:`encode` as a generator that returns the chunk, for a :data:`LARGE`,
-        :data:`HOOKED` or :data:`OFFLOAD` span that no worker takes: when a payload's JSON is long it yields once orjson has written it
-        and between steps of the scan for secret keys, so that the flusher's loop runs other
-        tasks in between. A 165 KB structure is then five steps of at most about 0.5 ms instead
-        of one of 1-1.5 ms. A span with a hook (which runs once, in the general route) or that
-        the general route writes anyway takes the general route's steps."""
+        :data:`HOOKED` or :data:`OFFLOAD` span that no worker takes: when a payload's JSON is
+        long it yields once orjson has written it, between steps of the scan for secret keys,
+        before the masking and before the message is written, so that the flusher's loop runs
+        other tasks in between. A 165 KB structure is then five steps of at most about 0.5 ms
+        instead of one of 1-1.5 ms. A span with a hook (which runs once, in the general route)
+        or that the general route writes anyway takes the general route's steps."""
         if flags & HOOKED or not self._direct(span):
             wire = _serialize.to_wire_or_steps(span, self.cfg)
             if not isinstance(wire, WireSpan):
