@@ -181,14 +181,12 @@ class Offloader:
             if self._state in STARTABLE:
                 return self.encode(span, cfg, encoding)  # starts the pool first
             return _done(self._inline(span, cfg, encoding, self._fallback_reason()))
-        prepared = (*_serialize.prepare(span, cfg), encoding)
+        wire, inputs, output, pol, max_span = _serialize.prepare(span, cfg)
+        prepared = (wire, inputs, output, pol, max_span, encoding)
         # Lifted here, not in the task: a drain hands over several spans before any of their
         # tasks runs, and the queue is counted from the handoff.
         lifter = _Lifter()
-        lifted = (
-            (prepared[1][0], lifter.lift(prepared[1][1])),
-            (prepared[2][0], lifter.lift(prepared[2][1])),
-        )
+        lifted = ((inputs[0], lifter.lift(inputs[1])), (output[0], lifter.lift(output[1])))
         size = sum(len(v) for v in lifter.values)
         work = asyncio.ensure_future(self._work(pool, prepared, lifted, lifter))
         self._queued_bytes += size

@@ -74,12 +74,11 @@ a payload (more containers and values than it visits), or its strings, bytes and
 :data:`_STEPS_FROM_BYTES` or more."""
 
 _WALK_BUDGET = 256
-# String, bytes and array payload from which a span no worker takes is written in steps
-# (:data:`LARGE`): orjson's pass, the key scan, the masking and the message are each about a
-# millisecond or less for a 2.5 MB image, where in one step they held the loop for 2-4 ms.
+# String, bytes and array payload (or, in :meth:`SpanEncoder.steps`, JSON) from which a span
+# no worker takes is written in steps (:data:`LARGE`): orjson's pass, the key scan, the masking
+# and the message are each about a millisecond or less for a 2.5 MB image, where in one step
+# they held the loop for 2-4 ms.
 _STEPS_FROM_BYTES = 256 * 1024
-# JSON bodies this long make writing the span's message a step of its own in :meth:`steps`.
-_COPY_STEP_BYTES = 256 * 1024
 # What the walk passes over: scalars (no size, no keys) and an unset input or output.
 _SKIP = frozenset((int, float, bool, type(None), type(UNSET)))
 # Leaves whose JSON can never hold an object key (so never a secret one).
@@ -306,7 +305,7 @@ class SpanEncoder:
             if value is not UNSET:
                 body = _serialize.dumps_or_steps(value, pol, clean)
                 bodies[i] = body if isinstance(body, bytes) else (yield from body)
-        if len(bodies[0]) + len(bodies[1]) >= _COPY_STEP_BYTES:
+        if len(bodies[0]) + len(bodies[1]) >= _STEPS_FROM_BYTES:
             # The message copies the JSON (and the request copies the message): for an image
             # that is as long as the masking before it, so it is a step of its own.
             yield
