@@ -38,6 +38,8 @@ from looptrace._semconv import (
     IN_PROGRESS,
     INPUT_MIME_TYPE,
     INPUT_VALUE,
+    OPENINFERENCE_SPAN_KIND,
+    OUTPUT_MIME_TYPE,
     OUTPUT_VALUE,
 )
 from looptrace._serialize import REDACTED, estimate_size, to_json, to_wire
@@ -976,6 +978,41 @@ def test_to_wire_for_a_traced_call() -> None:
     assert attrs[INPUT_MIME_TYPE] == "application/json"
     assert json.loads(str(attrs[OUTPUT_VALUE])) == {"r": 1}
     assert IN_PROGRESS not in attrs
+
+
+def test_a_sites_attributes_are_written_once_and_counted_on_every_span() -> None:
+    """The calls of one traced function carry its decorator's attributes: each call's span
+    has them in the same place, around its own payloads; a secret-named one is masked and
+    counted on every span; under a policy with other secret words they are written anew."""
+
+    @looptrace.traced(attributes={"team": "a", "api_key": "k"})
+    def work(n: int) -> int:
+        return n
+
+    with capture_spans() as spans:
+        work(1)
+        work(2)
+    before = _serialize.stats["redactions"]
+    first, second = (to_wire(span, CFG).attributes for span in spans)
+    assert _serialize.stats["redactions"] - before == 2
+    order = ["team", "api_key", CODE_FUNCTION, CODE_NAMESPACE, OPENINFERENCE_SPAN_KIND]
+    order += [INPUT_VALUE, INPUT_MIME_TYPE, OUTPUT_VALUE, OUTPUT_MIME_TYPE]
+    assert [k for k, _ in first] == [k for k, _ in second] == order
+    assert dict(second)["api_key"] == REDACTED
+    assert json.loads(str(dict(second)[INPUT_VALUE])) == {"n": 2}
+    assert dict(second)[OUTPUT_VALUE] == "2"
+
+    other = Config(redact_keys=("team",))
+    attrs = dict(to_wire(spans[1], other).attributes)
+    assert (attrs["team"], attrs["api_key"]) == (REDACTED, "k")
+    # Its own attributes and a block's go where they went: the block's first, then the site's.
+    with capture_spans() as spans, looptrace.attributes(session_id="s-1"):
+        work(3)
+        looptrace.current_span()
+    spans[0].attributes = {"mine": 1}
+    keys = [k for k, _ in to_wire(spans[0], CFG).attributes]
+    assert keys.index("session.id") < keys.index("team") < keys.index(CODE_NAMESPACE)
+    assert keys.index(CODE_NAMESPACE) < keys.index("mine") < keys.index(OPENINFERENCE_SPAN_KIND)
 
 
 def test_to_wire_exception_event_and_links() -> None:

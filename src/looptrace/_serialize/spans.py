@@ -29,7 +29,7 @@ from .._semconv import (
     OUTPUT_VALUE,
 )
 from .._wire import Attributes, AttrValue, WireEvent, WireLink, WireSpan
-from ._common import _CACHE_MAX, _INT64_MIN, _STACKTRACE_MAX, REDACTED, logger, stats
+from ._common import _CACHE_MAX, _INT64_MIN, _STACKTRACE_MAX, REDACTED, counted, logger, stats
 from .convert import _cut_str, _qualified_type, _safe_str, placeholder
 from .policy import Policy, policy
 from .walk import _big_int, _dumps, _preview, dumps_or_steps
@@ -222,16 +222,70 @@ def _context_attributes(
     return encoded
 
 
+class _SiteAttributes:
+    """A call site's attributes as the general route writes them under one policy: its
+    decorator's, converted, then ``code.*``; ``alone``, the same with the kind a span of
+    looptrace's own says when none is given; ``counts``, what converting them counted
+    (redactions, truncations), counted again for every span that carries them."""
+
+    __slots__ = ("alone", "counts", "items", "pol")
+
+    def __init__(self, site: CallSite, pol: Policy) -> None:
+        attrs: dict[str, AttrValue] = {}
+        with counted() as counts:
+            _attributes(site.attributes, pol, attrs)
+        # Taken back here, added again per span (as the OTLP encoder's site blocks do).
+        stats.subtract(counts)
+        for key in counts:
+            if stats[key] <= 0:
+                del stats[key]
+        attrs.update(_code_attributes(site))
+        self.pol = pol
+        self.counts = counts
+        self.items = tuple(attrs.items())
+        if OPENINFERENCE_SPAN_KIND not in attrs:
+            attrs[OPENINFERENCE_SPAN_KIND] = OI_CHAIN
+        self.alone = tuple(attrs.items())
+
+
+# Worked out by the first span of a site and reused by the rest: a traced function's
+# decorator attributes and code.* are the same on every call (the OTLP encoder keeps them
+# encoded, per site, for the same reason).
+_site_cache: dict[CallSite, _SiteAttributes] = {}
+
+
+def _site_attributes(site: CallSite, pol: Policy) -> _SiteAttributes:
+    found = _site_cache.get(site)
+    if found is None or found.pol is not pol:
+        if len(_site_cache) >= _CACHE_MAX:
+            _site_cache.clear()
+        found = _site_cache[site] = _SiteAttributes(site, pol)
+    if found.counts:
+        stats.update(found.counts)
+    return found
+
+
 def _skeleton(span: Span, cfg: Config, pol: Policy) -> WireSpan:
     """Everything about a span except its input and output values."""
-    attrs: dict[str, AttrValue] = {}
     shared = span.context_attributes
-    if shared is not None:
-        attrs.update(_context_attributes(shared, pol))
     site = span.site
     if site is not None:
-        _attributes(site.attributes, pol, attrs)
-        attrs.update(_code_attributes(site))
+        block = _site_attributes(site, pol)
+        if (
+            shared is None
+            and not span.attributes
+            and span.scope is None
+            and span.end_ns
+            and not span.events
+            and not span.links
+        ):
+            # A traced call with nothing of its own: the most common span of all.
+            return _wire_for(span, list(block.alone), [], [])
+    attrs: dict[str, AttrValue] = {}
+    if shared is not None:
+        attrs.update(_context_attributes(shared, pol))
+    if site is not None:
+        attrs.update(block.items)
     _attributes(span.attributes, pol, attrs)
     if span.scope is None and OPENINFERENCE_SPAN_KIND not in attrs:
         # looptrace's own spans (traced functions, span blocks, experiments and cases) are
