@@ -41,10 +41,11 @@ machine's load does not move. Under callgrind a program runs some fifty times sl
 tracer's timers would fire fifty times as often per span as at full speed: the counted runs
 set them past the run (looptrace's flush interval and in-progress snapshots, the batch
 processors' schedules), so each tracer sends once, at the flush after the run, as it does at
-full speed for a run this short. What no setting reaches (looptrace's spool replayer looking
-for files every 2 s, the Agents SDK's batch thread waking every 0.2 s, looptrace's encoding
-slices of 0.5 ms) still happens more often: the tracers' figures are upper bounds, the floor
-and the untraced run exact. LiteLLM is left out by default: its own timed work
+full speed for a run this short; looptrace's wall-clock slices of encoding (0.5 ms) and its
+spool's idle checks (2 s) are stretched by the slowdown (``SLOWDOWN``), so they come as often
+per span as at full speed. What no setting reaches (the Agents SDK's batch thread waking every
+0.2 s) still happens more often: the tracers' figures are upper bounds, the floor and the
+untraced run exact. LiteLLM is left out by default: its own timed work
 dominates its run under callgrind (its counts moved by tens of millions between variants).
 
 ``--encoder`` counts looptrace's encoder alone (size estimate, planning walk, encoding) over the
@@ -331,6 +332,14 @@ def worker(
         from looptrace.integrations import _common
 
         _common.load_prices()  # at start-up, as instrument_*() at import does
+        if os.environ.get("BENCH_COUNT"):
+            # Timed by the wall clock, so under callgrind they would come SLOWDOWN times as
+            # often per span as at full speed (see SLOWDOWN): the flusher's slices of the loop
+            # and the spool's checks for files while it finds none.
+            from looptrace._export import exporter, replay
+
+            exporter.SLICE_SECONDS *= SLOWDOWN
+            replay.IDLE_SECONDS *= SLOWDOWN
     run = RUNS[framework](variant, steps, tools, otlp, sink)
 
     def flush() -> None:
@@ -588,9 +597,15 @@ class _Fixed:
 # often per span as at full speed, where a 10-turn run (tens of milliseconds) ends before any
 # of them. The counted runs set them all past the run (seconds): every tracer sends what the run
 # recorded once, at the flush after it, as it would at full speed. What no setting reaches
-# still fires more often (looptrace's spool replayer looks for files every 2 s, the Agents
-# SDK's batch thread wakes every 0.2 s, LangSmith's thread sends as it goes).
+# still fires more often (the Agents SDK's batch thread wakes every 0.2 s, LangSmith's thread
+# sends as it goes).
 COUNT_TIMERS = 1000.0
+# How much longer a run takes under callgrind here: a warm 10-turn Agents SDK run, untraced,
+# 60.7 ms at full speed and 2.59 s under callgrind (43x). looptrace's wall-clock slices (the
+# flusher encodes for 0.5 ms, then lets the loop turn) and its spool's idle checks (every 2 s)
+# are stretched by this much in the counted runs, so that they come as often per span as at
+# full speed; a little less than the measured factor, so they still come a little more often.
+SLOWDOWN = 40.0
 
 
 def counted(name: str, args: list[str], env: dict[str, str], tmp: str) -> tuple[int, str]:
