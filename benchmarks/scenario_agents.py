@@ -37,8 +37,8 @@ handler or processor that does nothing: a LangChain callback handler run inline,
 processor, pydantic-ai's instrumentation on the OpenTelemetry API's no-op provider, a LiteLLM
 ``CustomLogger``; the least any tracer plugged in there can add), looptrace and the peer. What
 a step adds is the difference to the untraced run over its LLM and tool calls: a figure the
-machine's load does not move. Under callgrind a program runs some fifty times slower, so a
-tracer's timers would fire fifty times as often per span as at full speed: the counted runs
+machine's load does not move. Under callgrind a program runs some forty times slower, so a
+tracer's timers would fire forty times as often per span as at full speed: the counted runs
 set them past the run (looptrace's flush interval and in-progress snapshots, the batch
 processors' schedules), so each tracer sends once, at the flush after the run, as it does at
 full speed for a run this short; looptrace's wall-clock slices of encoding (0.5 ms) and its
@@ -371,7 +371,7 @@ def worker(
                 import looptrace
 
                 # On the loop, as an application flushes (a program under callgrind runs some
-                # fifty times slower: a generous deadline).
+                # forty times slower: a generous deadline).
                 assert (await looptrace.flush(timeout=300)).ok
             else:
                 flush()
@@ -592,8 +592,8 @@ class _Fixed:
         return self.handler
 
 
-# Under callgrind a run takes some fifty times as long, so a tracer's timers (looptrace's flush
-# interval and in-progress snapshots, a batch processor's schedule) would fire fifty times as
+# Under callgrind a run takes some forty times as long, so a tracer's timers (looptrace's flush
+# interval and in-progress snapshots, a batch processor's schedule) would fire forty times as
 # often per span as at full speed, where a 10-turn run (tens of milliseconds) ends before any
 # of them. The counted runs set them all past the run (seconds): every tracer sends what the run
 # recorded once, at the flush after it, as it would at full speed. What no setting reaches
