@@ -111,19 +111,15 @@ class _SiteBlock:
     __slots__ = ("counts", "encoded", "keys", "text_len")
 
     def __init__(self, site: CallSite, pol: _serialize.Policy) -> None:
-        attrs: dict[str, AttrValue] = {}
-        with _serialize.counted() as counts:
-            _serialize.attributes_into(site.attributes, pol, attrs)
-        # Counted on every span that carries these attributes (redactions, truncations...), as
-        # the general route counts them: taken back here, added again per span.
-        _serialize.stats -= counts
-        self.counts = counts
-        attrs.update(_serialize.code_attributes(site))
-        items = list(attrs.items())
+        # The general route's conversion, kept per site; what it counted (redactions,
+        # truncations...) is counted again on every span that carries these attributes.
+        converted = _serialize.site_attributes(site, pol)
+        self.counts = converted.counts
+        items = converted.items
         parts: list[bytes] = []
         _span_attributes(items, parts)
         self.encoded = b"".join(parts)
-        self.keys = frozenset(attrs)
+        self.keys = frozenset(k for k, _ in items)
         # The per-span cap counts attribute text (as ``finish`` does) against the payloads.
         self.text_len = sum(len(v) for _, v in items if type(v) is str)
 

@@ -28,6 +28,7 @@ from .spans import _attributes as attributes_into
 from .spans import _code_attributes as code_attributes
 from .spans import _context_attributes as context_attributes
 from .spans import _payloads as payloads
+from .spans import _site_attributes as site_attributes
 from .spans import (
     capped,
     finish,
@@ -61,6 +62,7 @@ __all__ = [
     "placeholder",
     "policy",
     "prepare",
+    "site_attributes",
     "snapshot",
     "stats",
     "to_json",

@@ -234,7 +234,7 @@ class _SiteAttributes:
         attrs: dict[str, AttrValue] = {}
         with counted() as counts:
             _attributes(site.attributes, pol, attrs)
-        # Taken back here, added again per span (as the OTLP encoder's site blocks do).
+        # Taken back here, added again by each span that carries them.
         stats.subtract(counts)
         for key in counts:
             if stats[key] <= 0:
@@ -249,19 +249,19 @@ class _SiteAttributes:
 
 
 # Worked out by the first span of a site and reused by the rest: a traced function's
-# decorator attributes and code.* are the same on every call (the OTLP encoder keeps them
-# encoded, per site, for the same reason).
+# decorator attributes and code.* are the same on every call. The OTLP encoder's site blocks
+# encode these.
 _site_cache: dict[CallSite, _SiteAttributes] = {}
 
 
 def _site_attributes(site: CallSite, pol: Policy) -> _SiteAttributes:
+    """``site``'s attributes under ``pol``, from the cache; a span that carries them adds
+    their ``counts`` to :data:`stats` itself."""
     found = _site_cache.get(site)
     if found is None or found.pol is not pol:
         if len(_site_cache) >= _CACHE_MAX:
             _site_cache.clear()
         found = _site_cache[site] = _SiteAttributes(site, pol)
-    if found.counts:
-        stats.update(found.counts)
     return found
 
 
@@ -271,6 +271,8 @@ def _skeleton(span: Span, cfg: Config, pol: Policy) -> WireSpan:
     site = span.site
     if site is not None:
         block = _site_attributes(site, pol)
+        if block.counts:
+            stats.update(block.counts)
         if (
             shared is None
             and not span.attributes
