@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import pytest
@@ -53,3 +54,24 @@ def test_the_byte_budget_holds_under_concurrent_producers(monkeypatch: pytest.Mo
     _fill(buf, threads=8, per_thread=2_000)
     assert buf.queued_bytes <= 1_000 * size
     assert buf.queued_spans + buf.dropped["buffer_full"] == 16_000
+
+
+@pytest.mark.parametrize("gil", [True, False])
+def test_a_pending_span_adds_no_object_for_the_garbage_collector(
+    monkeypatch: pytest.MonkeyPatch, gil: bool
+) -> None:
+    """A backlog of spans waiting to be sent (a burst faster than the export) is walked by
+    every full collection of the application's garbage collector: the buffer adds nothing
+    of its own per span to that walk, and its byte accounting stays exact."""
+    monkeypatch.setattr(_batcher, "gil_enabled", lambda: gil)
+    buf = Buffer(10**6, 10**9, 10**6, 10**9, lambda s: 100, lambda: None)
+    spans = [Span("s", 1, 2 + i, 0, 1) for i in range(20_000)]
+    gc.collect()
+    tracked = len(gc.get_objects())
+    for span in spans:
+        buf.push(span)
+    assert len(gc.get_objects()) - tracked < 100  # an object per span would be 20,000
+    assert buf.queued_bytes == 20_000 * (100 + PENDING_OVERHEAD_BYTES)
+    first = buf.take(10**6, 5_000 * (100 + PENDING_OVERHEAD_BYTES))
+    assert first is not None and first.spans == spans[:5_000]
+    assert buf.queued_bytes == 15_000 * (100 + PENDING_OVERHEAD_BYTES)

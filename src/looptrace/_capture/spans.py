@@ -153,6 +153,7 @@ class Span:
         "name",
         "output",
         "parent_span_id",
+        "pending_bytes",
         "site",
         "span_id",
         "start_ns",
@@ -173,6 +174,10 @@ class Span:
     # The decorated function this span came from (None for ``looptrace.span``): its static
     # attributes, code location and hooks are applied at export instead of on every call.
     site: CallSite | None
+    # The bytes the export buffer counted for the span while it waits there (set by the
+    # buffer, not here): kept on the span rather than in a (span, size) pair beside it, so a
+    # backlog of pending spans is no more objects for the garbage collector to walk.
+    pending_bytes: int
 
     def __init__(
         self,

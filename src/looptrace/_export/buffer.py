@@ -42,7 +42,7 @@ DROP_REASONS = ("buffer_full", "rejected", "retries_exhausted", "shutdown", "inv
 # weigh this much.
 FALLBACK_SPAN_BYTES = 512
 # What a pending span costs in memory beyond its estimated encoded size: the Span object's own
-# slots, the (span, size) tuple and its deque slot. Counted so that the byte budget bounds
+# slots, its deque slot. Counted so that the byte budget bounds
 # memory, not just the bytes the spans will have on the wire.
 PENDING_OVERHEAD_BYTES = 160
 
@@ -78,7 +78,7 @@ class Buffer:
         self._on_drop: Callable[[str, int], None] = on_drop or _no_drop_hook
         self._closed = False  # closed: a span pushed now is dropped (``shutdown``) at once
         self._lock = threading.Lock()
-        self._q: collections.deque[tuple[Span, int]] = collections.deque()
+        self._q: collections.deque[Span] = collections.deque()
         # Written by producers only (lock-free, see the module docstring).
         self._in_bytes = 0
         # Written under the lock only.
@@ -108,8 +108,9 @@ class Buffer:
         """Take ownership of an ended span. O(1), no lock on the common path."""
         est = self._estimate
         size = (est(span) if est is not None else FALLBACK_SPAN_BYTES) + PENDING_OVERHEAD_BYTES
+        span.pending_bytes = size
         q = self._q
-        q.append((span, size))
+        q.append(span)
         self._in_bytes += size
         if len(q) >= self._slow_count or self._in_bytes >= self._slow_bytes:
             self._slow_path()
@@ -118,9 +119,10 @@ class Buffer:
         """:meth:`push` where no GIL makes the append and the count one step."""
         est = self._estimate
         size = (est(span) if est is not None else FALLBACK_SPAN_BYTES) + PENDING_OVERHEAD_BYTES
+        span.pending_bytes = size
         q = self._q
         with self._push_lock:
-            q.append((span, size))
+            q.append(span)
             self._in_bytes += size
             slow = len(q) >= self._slow_count or self._in_bytes >= self._slow_bytes
         if slow:
@@ -172,9 +174,8 @@ class Buffer:
                 self._retry_bytes -= batch.nbytes
                 dropped += batch.span_count
             elif len(q) > 1:
-                _, size = q.popleft()
                 self._out_count += 1
-                self._out_bytes += size
+                self._out_bytes += q.popleft().pending_bytes
                 dropped += 1
             else:
                 break  # one span or batch over the byte budget still goes out
@@ -261,11 +262,11 @@ class Buffer:
             nbytes = 0
             popleft = q.popleft
             while q and len(spans) < max_spans:
-                if spans and nbytes + q[0][1] > max_bytes:
+                if spans and nbytes + q[0].pending_bytes > max_bytes:
                     break
-                span, size = popleft()
+                span = popleft()
                 spans.append(span)
-                nbytes += size
+                nbytes += span.pending_bytes
             self._out_count += len(spans)
             self._out_bytes += nbytes
             batch = Batch(lo, lo + len(spans), spans, nbytes)
@@ -364,7 +365,7 @@ class Buffer:
         raw spans pending, and the batches waiting for a retry or in flight (still counted as
         in flight until :meth:`spooled` or :meth:`drop`)."""
         with self._lock, self._push_lock:
-            spans = [span for span, _ in self._q]
+            spans = list(self._q)
             self._out_count += len(self._q)
             self._out_bytes = self._in_bytes
             self._q.clear()
