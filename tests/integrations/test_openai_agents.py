@@ -235,6 +235,86 @@ async def test_a_tool_error_that_ends_the_run_carries_the_exception(
         assert span.end_time_unix_nano, span.name
 
 
+async def test_a_custom_model_recording_responses_items_gets_their_messages(
+    otlp: OtlpTestServer, instrumented: None
+) -> None:
+    """A model of the user's own that records its call in a generation span with Responses
+    API items (a function call, the tool's output) rather than chat messages: the LLM spans'
+    messages say who spoke and what was called, not a role of "None" with nothing in it."""
+    from agents import ModelResponse, Usage
+    from agents.models.interface import Model
+    from agents.tracing import generation_span
+    from openai.types.responses import (
+        ResponseFunctionToolCall,
+        ResponseOutputMessage,
+        ResponseOutputText,
+    )
+
+    class Scripted(Model):
+        async def get_response(
+            self, system_instructions: Any, input: Any, *a: Any, **k: Any
+        ) -> Any:
+            called = any(
+                isinstance(i, dict) and i.get("type") == "function_call_output" for i in input
+            )
+            output: list[Any]
+            if called:
+                text = ResponseOutputText(type="output_text", text=REPLY, annotations=[])
+                output = [
+                    ResponseOutputMessage(
+                        id="m", type="message", role="assistant", status="completed", content=[text]
+                    )
+                ]
+            else:
+                output = [
+                    ResponseFunctionToolCall(
+                        type="function_call",
+                        call_id="c1",
+                        name="get_weather",
+                        arguments='{"city": "Paris"}',
+                    )
+                ]
+            with generation_span(model="gpt-4o-mini", input=input[-1:]) as span:
+                span.span_data.output = [o.model_dump() for o in output]
+            return ModelResponse(output=output, usage=Usage(), response_id=None)
+
+        def stream_response(self, *a: Any, **k: Any) -> Any:
+            raise NotImplementedError
+
+    agent = Agent(name="forecaster", tools=[get_weather], model=Scripted())
+    with looptrace.span("caller"):
+        result = await Runner.run(agent, "Weather in Paris?")
+    assert result.final_output == REPLY
+
+    spans = await atree(otlp, 10)
+    first, second = sorted(spans.named("chat gpt-4o-mini"), key=lambda s: s.start_time_unix_nano)
+    assert attributes(first)["gen_ai.input.messages"] == [
+        {"role": "user", "parts": [{"type": "text", "content": "Weather in Paris?"}]}
+    ]
+    assert attributes(first)["gen_ai.output.messages"] == [
+        {
+            "role": "assistant",
+            "parts": [
+                {
+                    "type": "tool_call",
+                    "id": "c1",
+                    "name": "get_weather",
+                    "arguments": '{"city": "Paris"}',
+                }
+            ],
+        }
+    ]
+    assert attributes(second)["gen_ai.input.messages"] == [
+        {
+            "role": "tool",
+            "parts": [{"type": "tool_call_response", "id": "c1", "response": "sunny in Paris"}],
+        }
+    ]
+    out = attributes(second)["gen_ai.output.messages"]
+    assert [m["role"] for m in out] == ["assistant"]
+    assert out[0]["parts"] == [{"type": "text", "content": REPLY}]
+
+
 async def test_responses_model_handoff_guardrail_and_custom_spans(
     llm: ScriptedLlm, otlp: OtlpTestServer, instrumented: None
 ) -> None:

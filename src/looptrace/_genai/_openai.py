@@ -136,9 +136,15 @@ def _chat_input(messages: Any) -> list[dict[str, Any]] | None:
     commonly passed back in a tool loop)."""
     if not isinstance(messages, (list, tuple)):
         return None  # an iterator would be consumed here and not reach the API
-    out = []
+    out: list[dict[str, Any]] = []
     for message in messages:
-        role = _role(message)
+        role = field(message, "role")
+        if role is None and field(message, "type") is not None:
+            # A Responses API item (a function call, its output) among chat messages: an
+            # Agents SDK model of the user's own may record those in its generation span.
+            out.extend(_responses_input((message,)) or ())
+            continue
+        role = role if isinstance(role, str) else str(role)
         if role == "tool":
             parts: list[Any] = [
                 {
