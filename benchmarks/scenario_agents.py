@@ -378,10 +378,7 @@ def worker(
 
         async def counted() -> None:
             await run()
-            # The pause after the warm-up, stretched as the run is: a tracer's threads finish
-            # starting (looptrace's spool thread takes its first look for files) before the
-            # count, as at full speed, where they are done long before the second run.
-            await asyncio.sleep(0.05 * SLOWDOWN)
+            await asyncio.sleep(0.05)
             await flushed()
             os.getppid()
             await run()
