@@ -235,9 +235,9 @@ def test_a_priced_llm_span_is_clean_and_its_payloads_are_not_scanned(
     scanned: list[bytes] = []
     real = Policy.maybe_secret
 
-    def watched(self: Policy, out: bytes) -> bool:
+    def watched(self: Policy, out: bytes, found: list[int] | None = None) -> bool:
         scanned.append(out)
-        return real(self, out)
+        return real(self, out, found)
 
     monkeypatch.setattr(Policy, "maybe_secret", watched)
     enc = SpanEncoder(CFG)

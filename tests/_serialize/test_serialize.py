@@ -904,7 +904,9 @@ def test_flat_arguments_are_judged_by_their_keys_and_masked_the_same(
     scans: list[bytes] = []
     real = _serialize.Policy.maybe_secret
     monkeypatch.setattr(
-        _serialize.Policy, "maybe_secret", lambda self, out: scans.append(out) or real(self, out)
+        _serialize.Policy,
+        "maybe_secret",
+        lambda self, out, found=None: scans.append(out) or real(self, out, found),
     )
 
     @looptrace.traced
@@ -1247,3 +1249,78 @@ def test_a_large_image_request_with_credentials_is_masked_and_the_image_kept_who
     assert doc["messages"][0]["content"][0]["image_url"]["url"] == image
     assert doc["messages"][1]["content"] == quoted_json
     assert doc["usage"] == value["usage"]
+
+
+@pytest.mark.parametrize("size", [2_000, 200_000])
+def test_a_payload_with_credentials_is_scanned_once_and_masked_as_before(
+    monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """A request carrying an API key and an Authorization header among many records (a chat
+    payload): the scan that finds its secret keys goes on to the end and hands their places
+    to the masking, so the text is scanned once, as a payload without them is; what is
+    written is what masking after a scan of its own writes, each secret masked and counted."""
+    from looptrace._serialize import keys as _keys
+    from looptrace._serialize.walk import _dumps, dumps_or_steps
+
+    pol = fresh_policy()
+    value = {
+        "request": {"headers": {"api_key": "sk-live", "Authorization": "Bearer t"}, "n": 2},
+        "messages": [{"role": "user", "content": "x" * 20, "i": i} for i in range(size // 40)],
+        "session": {"api_key": "sk-second"},
+    }
+    out = orjson.dumps(value)
+    expected = pol.mask(out)
+    assert expected is not None and expected[1] == 3
+    scans: list[int] = []
+    real = _keys.KeyEnds.find_secret
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        scans.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(_keys.KeyEnds, "find_secret", counted)
+    redactions = _serialize.stats["redactions"]
+    written = dumps_or_steps(value, pol)
+    if not isinstance(written, bytes):
+        written = run_steps(written)[0]
+    assert written == expected[0]
+    assert json.loads(written)["session"] == {"api_key": REDACTED}
+    assert _serialize.stats["redactions"] - redactions == 3
+    assert len(scans) == 1
+    scans.clear()
+    assert _dumps(value, pol) == expected[0]
+    assert len(scans) == 1
+
+
+def test_a_large_request_with_few_keys_and_a_credential_is_read_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A multimodal request (a few keys around an image as a data URL) holding an API key:
+    its keys are read back between the quotes once, and the masking takes the places found
+    then, as the same request without the key is read once."""
+    from looptrace._serialize.walk import dumps_or_steps
+
+    pol = fresh_policy()
+    image = "data:image/png;base64," + "A" * 300_000
+    value = {
+        "model": "gpt-4o",
+        "messages": [{"role": "user", "content": [{"type": "image_url", "url": image}]}],
+        "headers": {"api_key": "sk-live", "x-request-id": "r1"},
+    }
+    out = orjson.dumps(value)
+    expected = pol.mask(out)
+    assert expected is not None and expected[1] == 1
+    reads: list[int] = []
+    real = _serialize.Policy._keys_by_quotes
+
+    def counted(self: Any, *args: Any) -> Any:
+        reads.append(1)
+        return real(self, *args)
+
+    monkeypatch.setattr(_serialize.Policy, "_keys_by_quotes", counted)
+    written = dumps_or_steps(value, pol)
+    if not isinstance(written, bytes):
+        written = run_steps(written)[0]
+    assert written == expected[0]
+    assert json.loads(written)["headers"] == {"api_key": REDACTED, "x-request-id": "r1"}
+    assert len(reads) == 1

@@ -127,22 +127,31 @@ class Policy:
             plain.add(k)
         return True
 
-    def maybe_secret(self, out: bytes) -> bool:
+    def maybe_secret(self, out: bytes, found: list[int] | None = None) -> bool:
         """Cheap check on orjson output: could any object key in it be secret?
 
-        Never says no when a key is secret (a false yes only costs the careful walk)."""
-        screened = self._screen(out)
-        return complete(self._scan_keys(out, 0)) if screened is None else screened
+        Never says no when a key is secret (a false yes only costs the careful walk).
+        ``found``: as for :meth:`maybe_secret_steps`."""
+        screened = self._screen(out, found)
+        return complete(self._scan_keys(out, 0, found)) if screened is None else screened
 
-    def maybe_secret_steps(self, out: bytes, step_bytes: int) -> Generator[None, None, bool]:
+    def maybe_secret_steps(
+        self, out: bytes, step_bytes: int, found: list[int] | None = None
+    ) -> Generator[None, None, bool]:
         """:meth:`maybe_secret` as a generator that returns the answer, yielding between
-        steps of about ``step_bytes`` of the scan (for a caller on an event loop)."""
-        screened = self._screen(out)
+        steps of about ``step_bytes`` of the scan (for a caller on an event loop).
+
+        With ``found``, the keys are read to the end of the text past the first secret one
+        (by the key scan, or between the quotes where there are few), and each secret key's
+        closing quote is appended, which :meth:`mask` then takes instead of reading the text
+        again: a payload holding a credential costs one pass, as a clean one does. ``found``
+        stays empty where the answer came another way."""
+        screened = self._screen(out, found)
         if screened is not None:
             return screened
-        return (yield from self._scan_keys(out, step_bytes))
+        return (yield from self._scan_keys(out, step_bytes, found))
 
-    def _screen(self, out: bytes) -> bool | None:
+    def _screen(self, out: bytes, found: list[int] | None = None) -> bool | None:
         """The answer for output with no keys, no redaction word or few strings; None when
         its keys must be scanned (many strings)."""
         # Every object key in orjson's output ends in '":'; no such pair means no keys at all.
@@ -157,7 +166,10 @@ class Policy:
         # instead cost a pass over every byte per word: 0.9 ms for 165 KB of records.
         if out.count(b'"', 0, _QUOTE_PROBE_BYTES) > _FEW_QUOTES:
             return None
-        return self._keys_by_quotes(out, None)
+        screened = self._keys_by_quotes(out, found)
+        if screened is None and found:
+            found.clear()  # too many quotes after all: the key scan finds them
+        return screened
 
     def _keys_by_quotes(self, out: bytes, every: list[int] | None) -> bool | None:
         """For output with few strings (the usual shape of a big payload: a handful of keys,
@@ -198,12 +210,16 @@ class Policy:
         self._raw_cache[raw] = hit
         return hit
 
-    def _scan_keys(self, out: bytes, step_bytes: int) -> Generator[None, None, bool]:
+    def _scan_keys(
+        self, out: bytes, step_bytes: int, every: list[int] | None = None
+    ) -> Generator[None, None, bool]:
         try:
-            found = yield from self._key_ends.find_secret(out, self._secret_raw, step_bytes)
+            found = yield from self._key_ends.find_secret(out, self._secret_raw, step_bytes, every)
         except Exception:
             found = None  # the word scan decides alone, as it can
         if found is None:
+            if every is not None:
+                every.clear()  # a scan cut short: mask() finds the keys its own way
             if step_bytes:
                 yield  # one pass over the text per word follows
             return self._scan_words(out)
@@ -226,7 +242,7 @@ class Policy:
                 p = find(needle, p + 1)
         return False
 
-    def mask(self, out: bytes) -> tuple[bytes, int] | None:
+    def mask(self, out: bytes, found: list[int] | None = None) -> tuple[bytes, int] | None:
         """``out`` (orjson's compact output) with the value of every secret key replaced by
         ``"<redacted>"``, and how many were; None when the text does not read as expected
         (the caller then takes the careful walk).
@@ -236,8 +252,11 @@ class Policy:
         secret keys are found by the key scan (:class:`~.keys.KeyEnds`, which skips the keys
         it learned plain in C), or, where keys do not repeat, from the redaction words; each
         is checked by the exact rule. Its value ends where its string, its brackets or its
-        scalar end."""
-        found: list[int] = []
+        scalar end. ``found``: the secret keys' closing quotes, as a completed key scan of
+        this very text gave them (:meth:`maybe_secret_steps`); the text is not scanned again."""
+        if found:
+            return self._masked(out, set(found))
+        found = []
         # A few long strings (an image, a document): the keys read back between the quotes,
         # at memchr speed. The key scan would first copy the text reversed and search all of
         # it: 5 ms for a 2.5 MB data URL, ten times orjson's own pass.
@@ -253,6 +272,12 @@ class Policy:
             except Exception:
                 scanned = None
         ends = set(found) if scanned is not None else self._word_key_ends(out)
+        return self._masked(out, ends)
+
+    @staticmethod
+    def _masked(out: bytes, ends: set[int]) -> tuple[bytes, int] | None:
+        """``out`` with the value after each of the keys whose closing quotes are ``ends``
+        replaced; None when a value does not end where JSON says it must."""
         if not ends:
             return out, 0
         # Views, not slices: the join is then the one copy of the text.

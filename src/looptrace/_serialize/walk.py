@@ -191,9 +191,10 @@ def _dumps(value: Any, pol: Policy, keys_clean: bool = False) -> bytes:
     out = _fast(value, pol, keys_clean)
     if out is None or len(out) > pol.max_value_bytes:
         return _careful(value, pol, out)
-    if keys_clean or not pol.redact or flat_clean(value, pol) or not pol.maybe_secret(out):
+    if keys_clean or not pol.redact or flat_clean(value, pol):
         return out
-    return _redacted(value, pol, out)
+    found: list[int] = []
+    return _redacted(value, pol, out, found) if pol.maybe_secret(out, found) else out
 
 
 # The values that cannot hold a key, by exact type (a subclass may serialize otherwise).
@@ -233,14 +234,16 @@ def dumps_or_steps(
         return out
     if len(out) >= _STEP_FROM_BYTES:
         return _scanned_in_steps(value, pol, out, step_bytes)
-    return _redacted(value, pol, out) if pol.maybe_secret(out) else out
+    found: list[int] = []
+    return _redacted(value, pol, out, found) if pol.maybe_secret(out, found) else out
 
 
-def _redacted(value: Any, pol: Policy, out: bytes) -> bytes:
+def _redacted(value: Any, pol: Policy, out: bytes, found: list[int] | None = None) -> bytes:
     """``out`` with the values of its secret keys masked in the text (see
-    :meth:`Policy.mask`); the careful walk where the text cannot be masked that way."""
+    :meth:`Policy.mask`, which takes ``found`` from a key scan already done); the careful
+    walk where the text cannot be masked that way."""
     try:
-        masked = pol.mask(out)
+        masked = pol.mask(out, found)
     except Exception:
         masked = None
     if masked is None or len(masked[0]) > pol.max_value_bytes:
@@ -254,9 +257,10 @@ def _scanned_in_steps(
     value: Any, pol: Policy, out: bytes, step_bytes: int
 ) -> Generator[None, None, bytes]:
     yield
-    if (yield from pol.maybe_secret_steps(out, step_bytes)):
+    found: list[int] = []
+    if (yield from pol.maybe_secret_steps(out, step_bytes, found)):
         yield  # masking is a step of its own
-        return _redacted(value, pol, out)
+        return _redacted(value, pol, out, found)
     return out
 
 
