@@ -42,8 +42,8 @@ DROP_REASONS = ("buffer_full", "rejected", "retries_exhausted", "shutdown", "inv
 # weigh this much.
 FALLBACK_SPAN_BYTES = 512
 # What a pending span costs in memory beyond its estimated encoded size: the Span object's own
-# slots, its deque slot. Counted so that the byte budget bounds
-# memory, not just the bytes the spans will have on the wire.
+# slots and its deque slot. Counted so that the byte budget bounds memory, not just the bytes
+# the spans will have on the wire.
 PENDING_OVERHEAD_BYTES = 160
 
 

@@ -193,8 +193,7 @@ def _dumps(value: Any, pol: Policy, keys_clean: bool = False) -> bytes:
         return _careful(value, pol, out)
     if keys_clean or not pol.redact or flat_clean(value, pol):
         return out
-    found: list[int] = []
-    return _redacted(value, pol, out, found) if pol.maybe_secret(out, found) else out
+    return _masked_if_secret(value, pol, out)
 
 
 # The values that cannot hold a key, by exact type (a subclass may serialize otherwise).
@@ -234,6 +233,12 @@ def dumps_or_steps(
         return out
     if len(out) >= _STEP_FROM_BYTES:
         return _scanned_in_steps(value, pol, out, step_bytes)
+    return _masked_if_secret(value, pol, out)
+
+
+def _masked_if_secret(value: Any, pol: Policy, out: bytes) -> bytes:
+    """``out``, or ``out`` masked when it holds a secret key: the check's one pass over the
+    text finds every secret key, and the masking takes them from it."""
     found: list[int] = []
     return _redacted(value, pol, out, found) if pol.maybe_secret(out, found) else out
 
